@@ -1,0 +1,3 @@
+from lmrepro.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""The ``lmrepro`` command: a thin layer over the functions the notebooks call.
+
+    lmrepro validate [--params params.yaml] [--profile NAME]
+    lmrepro notebook notebooks/03_train_baseline.ipynb [--reports reports] [-p key value ...]
+    lmrepro train    [--params params.yaml] [--profile NAME]     # single-process baseline
+    lmrepro install-corpus | fetch | prepare                     # see lmrepro.data.cli
+    lmrepro train-scape ...                                      # under torchrun; lmrepro.dist.cli
+    lmrepro train-rgc ...                                        # see lmrepro.rgc.cli
+    lmrepro report   [--reports reports]                         # reports/index.html
+
+Bad input exits with status 2 and one message naming the parameter, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from lmrepro.data import DataError
+from lmrepro.errors import ParameterError
+
+
+def _add_params_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", default="params.yaml", help="parameter file (default params.yaml)")
+    p.add_argument("--profile", default=None, help="profile in params.yaml (default: its 'profile')")
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from lmrepro.config import load_params
+
+    params = load_params(args.params, args.profile)
+    print(f"{args.params}: profile {params.profile!r} is valid")
+    return 0
+
+
+def _parse_value(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _cmd_notebook(args: argparse.Namespace) -> int:
+    from lmrepro.notebook import run_notebook
+
+    parameters = {k: _parse_value(v) for k, v in (args.param or [])}
+    html = run_notebook(args.notebook, args.reports, parameters)
+    print(html)
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from lmrepro.config import load_params
+    from lmrepro.pipeline import baseline_stage
+
+    params = load_params(args.params, args.profile)
+    for corpus, summary in baseline_stage(params, args.out).items():
+        print(f"{corpus}: {summary['final_bpb']:.4f} bits/byte, "
+              f"{summary['tokens_per_s']:.0f} tokens/s")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from lmrepro.pipeline import report_stage
+
+    print(report_stage(args.params, args.reports, args.profile))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lmrepro", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="validate params.yaml for a profile")
+    _add_params_args(p)
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("notebook", help="execute a notebook with papermill, render HTML")
+    p.add_argument("notebook")
+    p.add_argument("--reports", default="reports")
+    p.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                   help="notebook parameter (VALUE parsed as YAML)")
+    p.set_defaults(func=_cmd_notebook)
+
+    p = sub.add_parser("train", help="single-process backprop baseline on train.corpora")
+    _add_params_args(p)
+    p.add_argument("--out", default="results/baseline")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("report", help="write reports/index.html with provenance and citation")
+    _add_params_args(p)
+    p.add_argument("--reports", default="reports")
+    p.set_defaults(func=_cmd_report)
+
+    from lmrepro.data import cli as data_cli
+    from lmrepro.dist import cli as dist_cli
+    from lmrepro.rgc import cli as rgc_cli
+
+    for module in (data_cli, dist_cli, rgc_cli):
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except ParameterError as err:
+        print(f"lmrepro: error: {err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"lmrepro: error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"lmrepro: data error: {err}", file=sys.stderr)
+        return 1

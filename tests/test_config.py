@@ -1,0 +1,71 @@
+"""params.yaml: every profile validates; bad files stop with key path, value and rule."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmrepro.config import deep_merge, load_params
+from lmrepro.errors import ConfigError, ParameterError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("profile", ["default", "smoke", "paper"])
+def test_every_profile_of_the_real_params_file_validates(profile):
+    params = load_params(ROOT / "params.yaml", profile)
+    assert params.profile == profile
+    assert set(params.train.corpora) <= set(params.data.use)
+
+
+def test_paper_profile_is_paper_scale():
+    params = load_params(ROOT / "params.yaml", "paper")
+    assert params.model.n_layers == 24
+    assert {"enwik8", "tinystories"} <= set(params.data.use)
+
+
+def test_deep_merge_keeps_unset_keys():
+    assert deep_merge({"a": {"b": 1, "c": 2}, "d": 3}, {"a": {"b": 5}}) == \
+        {"a": {"b": 5, "c": 2}, "d": 3}
+
+
+def write_variant(tmp_path, mutate) -> Path:
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    mutate(raw)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+BAD = [
+    ("train.steps", -3, lambda r: r["train"].__setitem__("steps", -3), "greater than or equal to 1"),
+    ("train.lr", "fast", lambda r: r["train"].__setitem__("lr", "fast"), "valid number"),
+    ("train.stepz", 5, lambda r: r["train"].__setitem__("stepz", 5), "Extra inputs"),
+    ("model.n_heads", 3, lambda r: r["model"].__setitem__("n_heads", 3), "must divide d_model"),
+    ("data.use", "nope", lambda r: r["data"].__setitem__("use", ["nope"]), "not a corpus"),
+    ("profile", "huge", lambda r: r.__setitem__("profile", "huge"), "one of"),
+]
+
+
+@pytest.mark.parametrize("key,value,mutate,rule", BAD, ids=[b[0] for b in BAD])
+def test_bad_parameter_message_names_key_value_and_rule(tmp_path, key, value, mutate, rule):
+    path = write_variant(tmp_path, mutate)
+    with pytest.raises(ParameterError) as info:
+        load_params(path)
+    message = str(info.value)
+    assert key.split(".")[-1] in message and repr(value).strip("[]'") in message
+    assert rule in message
+
+
+def test_config_error_lists_every_problem(tmp_path):
+    def two_bad(r):
+        r["train"]["steps"] = 0
+        r["model"]["d_model"] = 1
+    with pytest.raises(ConfigError) as info:
+        load_params(write_variant(tmp_path, two_bad))
+    assert "train.steps = 0" in str(info.value) and "model.d_model = 1" in str(info.value)
+
+
+def test_missing_params_file(tmp_path):
+    with pytest.raises(ParameterError, match="params_file"):
+        load_params(tmp_path / "absent.yaml")

@@ -1,0 +1,205 @@
+"""Tests of the self-contained report index and provenance record."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmrepro import report as R
+from lmrepro.errors import ParameterError
+
+ROOT = Path(__file__).resolve().parents[1]
+CITATION = ROOT / "CITATION.cff"
+NOW = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.timezone.utc)
+
+
+def git(cwd: Path, *args: str) -> str:
+    """git in a throw-away repository of the test (never the project's)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1",
+               GIT_CEILING_DIRECTORIES=str(cwd.parent))
+    out = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org",
+                          "-c", "commit.gpgsign=false", *args], cwd=cwd, env=env, check=True,
+                         capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A small project folder: rendered reports, params.yaml, a data manifest, CITATION.cff."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "02_rgc.html").write_text(
+        "<html><head><title>02_rgc</title></head><body>"
+        "<h1 id='x'>RGC &amp; backprop<a class='anchor-link' href='#x'>¶</a></h1></body></html>",
+        encoding="utf-8")
+    (reports / "01_scape.html").write_text(
+        "<html><head><title>SCAPE results</title></head><body><p>no heading</p></body></html>",
+        encoding="utf-8")
+    (reports / "03 <odd>.html").write_text("<html><body>plain</body></html>", encoding="utf-8")
+    (tmp_path / "params.yaml").write_text("train:\n  steps: 200\n  lr: 0.001\nnote: a<b\n",
+                                          encoding="utf-8")
+    man = tmp_path / "data" / "prepared" / "shakespeare" / "manifest.json"
+    man.parent.mkdir(parents=True)
+    # the shape lmrepro.data.prepare writes
+    man.write_text(json.dumps({
+        "format": "lmrepro.prepared/1", "source": {"corpus": "shakespeare"},
+        "files": {"train": {"file": "train.bin", "sha256": "a" * 64, "bytes": 900},
+                  "val": {"file": "val.bin", "sha256": "b" * 64, "bytes": 50}},
+        "raw_files": {"data/raw/shakespeare.txt": "e" * 64}}), encoding="utf-8")
+    shutil.copy(CITATION, tmp_path / "CITATION.cff")
+    return tmp_path
+
+
+def build(project: Path, **kw) -> Path:
+    return R.build_index(project / "reports", project / "params.yaml",
+                         [project / "data/prepared/shakespeare/manifest.json"],
+                         project / "CITATION.cff", out=project / "reports/index.html",
+                         now=NOW, **kw)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
+def test_index_links_reports_commit_and_citation(project: Path) -> None:
+    git(project, "init", "-q")
+    git(project, "add", "params.yaml")
+    git(project, "commit", "-q", "-m", "init")
+    commit = git(project, "rev-parse", "HEAD")
+
+    out = build(project, repo_dir=project)
+    page = out.read_text(encoding="utf-8")
+
+    # links, sorted by file name, titled (h1 before <title>, stem last), escaped
+    a = page.index('href="01_scape.html"')
+    b = page.index('href="02_rgc.html"')
+    c = page.index('href="03%20%3Codd%3E.html"')
+    assert a < b < c
+    assert ">SCAPE results</a>" in page
+    assert ">RGC &amp; backprop</a>" in page
+    assert "03 &lt;odd&gt;</a>" in page and "<odd>" not in page
+    assert 'href="index.html"' not in page
+
+    # provenance
+    assert commit in page and "(clean)" in page
+    assert "steps: 200" in page and "note: a&lt;b" in page
+    assert "a" * 64 in page and "900" in page
+    assert "scipy" in page and "dvc" in page and "CPU count" in page
+    assert "2026-12-03T12:00:00+00:00" in page
+
+    # citation from CITATION.cff
+    cff = yaml.safe_load(CITATION.read_text(encoding="utf-8"))
+    assert "@software{lmrepro2026," in page
+    assert "version = {0.1.0}" in page and "license = {MIT}" in page
+    assert "lmrepro contributors (2026)" in page
+    assert cff["title"] in page
+    assert "arXiv:2607.01678" in page and "arXiv:2505.16363" in page
+    assert "Readout-Gradient Consensus" in page
+
+    # self-contained: inline CSS, no external assets
+    assert "<style>" in page
+    for bad in ("<script", "<link", "src=", "http://", "@import"):
+        assert bad not in page
+
+    prov = json.loads((project / "reports" / "provenance.json").read_text(encoding="utf-8"))
+    assert prov["git"] == {"commit": commit, "dirty": False, "available": True, "note": ""}
+    assert prov["params"]["content"] == {"train": {"steps": 200, "lr": 0.001}, "note": "a<b"}
+    assert [(r["corpus"], r["split"], r["file"], r["sha256"], r["bytes"])
+            for r in prov["data"]] == [
+        ("shakespeare", "train", "train.bin", "a" * 64, 900),
+        ("shakespeare", "val", "val.bin", "b" * 64, 50),
+        ("shakespeare", "raw", "data/raw/shakespeare.txt", "e" * 64, None)]
+    assert set(prov["versions"]) >= {"python", "torch", "numpy", "scipy", "pandas", "dvc"}
+    assert prov["machine"]["cpu_count"] == os.cpu_count()
+    assert prov["machine"]["memory_total_bytes"] > 0
+    assert [r["file"] for r in prov["reports"]] == ["01_scape.html", "02_rgc.html",
+                                                    "03 <odd>.html"]
+    assert prov["citation"]["bibtex"].startswith("@software{")
+
+    # a tracked change makes the checkout dirty; no temporary files are left behind
+    (project / "params.yaml").write_text("train:\n  steps: 300\n", encoding="utf-8")
+    page = build(project, repo_dir=project).read_text(encoding="utf-8")
+    assert "(dirty" in page and commit in page
+    assert 'href="index.html"' not in page and page.count("<li><a href=") == 3
+    assert not [p for p in (project / "reports").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_outside_git_falls_back(project: Path) -> None:
+    outside = project / "not_a_repo"
+    outside.mkdir()
+    env_ceiling = os.environ.get("GIT_CEILING_DIRECTORIES")
+    os.environ["GIT_CEILING_DIRECTORIES"] = str(project)
+    try:
+        info = R.git_info(outside)
+        page = build(project, repo_dir=outside).read_text(encoding="utf-8")
+    finally:
+        if env_ceiling is None:
+            os.environ.pop("GIT_CEILING_DIRECTORIES")
+        else:
+            os.environ["GIT_CEILING_DIRECTORIES"] = env_ceiling
+    assert info["commit"] is None and info["available"] is False and info["note"]
+    assert "Commit: <span class=\"muted\">unknown" in page
+
+
+def test_bibtex_and_plain_citation_of_people() -> None:
+    cff = {"title": "Tool_X & more", "version": "1.0", "date-released": "2025-01-02",
+           "license": "MIT", "url": "https://example.org/x",
+           "authors": [{"given-names": "Ada", "family-names": "Lovelace"},
+                       {"name": "The Team"}]}
+    bib = R.bibtex_entry(cff)
+    assert bib.startswith("@software{toolxmore2025,")
+    assert "author = {Lovelace, Ada and {The Team}}" in bib
+    assert r"title = {{Tool\_X \& more}}" in bib
+    assert "url = {https://example.org/x}" in bib
+    assert R.plain_citation(cff) == ("Ada Lovelace, The Team (2025). Tool_X & more (Version 1.0) "
+                                     "[Computer software]. License: MIT. https://example.org/x")
+
+
+def test_repository_citation_file_is_valid() -> None:
+    cff = R.read_citation(CITATION)
+    assert cff["cff-version"] == "1.2.0"
+    assert cff["version"] == "0.1.0" and cff["license"] == "MIT"
+    ids = {i["value"] for ref in cff["references"] for i in ref.get("identifiers", [])}
+    assert ids == {"arXiv:2607.01678", "arXiv:2505.16363"}
+    assert len(cff["references"]) == 3
+
+
+@pytest.mark.parametrize("broken, name", [
+    ("params", "params_path"), ("manifest", "manifests"), ("citation", "citation_path"),
+    ("reports", "reports_dir"), ("manifest_splits", "manifests"),
+])
+def test_bad_inputs_name_the_parameter(project: Path, broken: str, name: str) -> None:
+    man = project / "data/prepared/shakespeare/manifest.json"
+    if broken == "params":
+        (project / "params.yaml").unlink()
+    elif broken == "manifest":
+        man.unlink()
+    elif broken == "manifest_splits":
+        man.write_text(json.dumps({"corpus": "x"}), encoding="utf-8")
+    elif broken == "citation":
+        (project / "CITATION.cff").write_text("title: only\n", encoding="utf-8")
+    elif broken == "reports":
+        shutil.rmtree(project / "reports")
+    with pytest.raises(ParameterError) as info:
+        build(project, repo_dir=project)
+    assert info.value.name == name
+    assert not (project / "reports" / "index.html").exists()
+
+
+def test_manifest_formats(tmp_path: Path) -> None:
+    top = tmp_path / "a" / "manifest.json"
+    top.parent.mkdir()
+    top.write_text(json.dumps({"train": {"sha256": "c" * 64, "n_bytes": 7}}), encoding="utf-8")
+    rows = R.read_manifest(top)
+    assert rows == [{"manifest": str(top), "corpus": "a", "split": "train", "file": None,
+                     "sha256": "c" * 64, "bytes": 7}]
+    listed = tmp_path / "b.json"
+    listed.write_text(json.dumps({"name": "enwik8", "splits": [
+        {"name": "test", "sha256": "d" * 64, "bytes": 5}]}), encoding="utf-8")
+    assert R.read_manifest(listed)[0]["corpus"] == "enwik8"
+    assert R.read_manifest(listed)[0]["split"] == "test"
