@@ -92,6 +92,54 @@ class TrainParams(OptimParams):
     threads: int = Field(ge=1)
 
 
+class ScapeRun(_Strict):
+    name: str = Field(min_length=1)
+    optimizer: Literal["adamw", "adams", "scape", "topk"]
+    sparsity: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _dense_is_dense(self) -> "ScapeRun":
+        if self.optimizer in ("adamw", "adams") and self.sparsity != 0.0:
+            raise ValueError(f"sparsity = {self.sparsity} must be 0 for the dense optimizer "
+                             f"{self.optimizer!r}")
+        return self
+
+
+class ScapeParams(_Strict):
+    """The SCAPE comparison (``train-scape`` under torchrun; see docs/scape.md).
+
+    Every key but ``world_size`` and ``runs`` is the ``train-scape`` option of the same name.
+    """
+
+    corpus: str
+    world_size: int = Field(default=2, ge=1)
+    steps: int = Field(ge=1)
+    batch_size: int = Field(ge=1, description="per worker")
+    lr: float = Field(gt=0.0, le=1.0)
+    warmup: int = Field(ge=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
+    eps: float = Field(default=1e-8, gt=0.0)
+    eval_batches: int = Field(ge=1)
+    eval_batch_size: int = Field(ge=1)
+    checkpoint_every: int = Field(default=50, ge=0, description="0 disables checkpoints")
+    timeout_s: float = Field(default=60.0, gt=0.0)
+    threads: int = Field(default=1, ge=1, description="per worker")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    mask_score: Literal["m_abs", "m_over_sqrt_v"] = "m_abs"
+    model: ModelParams | None = Field(default=None, description="default: the top-level model")
+    runs: list[ScapeRun] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "ScapeParams":
+        names = [r.name for r in self.runs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"run names {names} must be unique")
+        return self
+
+
 class StatsParams(_Strict):
     margin: float = Field(default=0.01, gt=0.0, lt=1.0)
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
@@ -107,7 +155,7 @@ class Params(_Strict):
     data: DataParams
     model: ModelParams
     train: TrainParams
-    scape: dict[str, Any] = Field(default_factory=dict)
+    scape: ScapeParams
     rgc: dict[str, Any] = Field(default_factory=dict)
     stats: StatsParams = StatsParams()
 
@@ -117,6 +165,9 @@ class Params(_Strict):
             if name not in self.data.use:
                 raise ValueError(f"train.corpora[{i}] = {name!r} is not prepared by this "
                                  f"profile (data.use = {self.data.use})")
+        if self.scape.corpus not in self.data.use:
+            raise ValueError(f"scape.corpus = {self.scape.corpus!r} is not prepared by this "
+                             f"profile (data.use = {self.data.use})")
         return self
 
 
