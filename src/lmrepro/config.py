@@ -140,6 +140,51 @@ class ScapeParams(_Strict):
         return self
 
 
+class RGCParams(_Strict):
+    """The RGC comparison: async RGC, sync RGC and global backprop per corpus (docs/rgc.md).
+
+    Every key but ``corpora`` and ``executors`` is the :class:`lmrepro.rgc.RGCConfig` field of
+    the same name (which checks the cross-field rules: stages divide layers, horizon range,
+    micro-batches divide the batch, one thread count per stage).
+    """
+
+    corpora: list[str] = Field(min_length=1)
+    executors: list[Literal["async", "sync", "backprop"]] = Field(min_length=1)
+    n_layers: int = Field(ge=1)
+    n_stages: int = Field(ge=1)
+    horizon: int = Field(default=1, ge=1)
+    d_model: int = Field(ge=8)
+    n_heads: int = Field(ge=1)
+    context: int = Field(ge=2)
+    mlp_ratio: int = Field(default=4, ge=1)
+    lr: float = Field(gt=0.0, le=1.0)
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    warmup_steps: int = Field(ge=0)
+    weight_decay: float = Field(default=0.1, ge=0.0)
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
+    eps: float = Field(default=1e-8, gt=0.0)
+    steps: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    micro_batches: int = Field(default=4, ge=1)
+    threads_per_stage: list[int] | None = None
+    backprop_threads: int | None = Field(default=None, ge=1)
+    queue_size: int = Field(default=2, ge=1)
+    eval_batch_size: int = Field(ge=1)
+    eval_batches: int = Field(ge=1)
+    eval_interval: int = Field(default=0, ge=0)
+    checkpoint_interval: int = Field(default=50, ge=0)
+    worker_timeout_s: float = Field(default=300.0, gt=0.0)
+
+    def config(self, seed: int):  # -> lmrepro.rgc.RGCConfig
+        from lmrepro.rgc import RGCConfig
+
+        fields = self.model_dump(exclude={"corpora", "executors"})
+        if fields["threads_per_stage"] is not None:
+            fields["threads_per_stage"] = tuple(fields["threads_per_stage"])
+        return RGCConfig(seed=seed, **fields)
+
+
 class StatsParams(_Strict):
     margin: float = Field(default=0.01, gt=0.0, lt=1.0)
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
@@ -156,7 +201,7 @@ class Params(_Strict):
     model: ModelParams
     train: TrainParams
     scape: ScapeParams
-    rgc: dict[str, Any] = Field(default_factory=dict)
+    rgc: RGCParams
     stats: StatsParams = StatsParams()
 
     @model_validator(mode="after")
@@ -164,6 +209,10 @@ class Params(_Strict):
         for i, name in enumerate(self.train.corpora):
             if name not in self.data.use:
                 raise ValueError(f"train.corpora[{i}] = {name!r} is not prepared by this "
+                                 f"profile (data.use = {self.data.use})")
+        for i, name in enumerate(self.rgc.corpora):
+            if name not in self.data.use:
+                raise ValueError(f"rgc.corpora[{i}] = {name!r} is not prepared by this "
                                  f"profile (data.use = {self.data.use})")
         if self.scape.corpus not in self.data.use:
             raise ValueError(f"scape.corpus = {self.scape.corpus!r} is not prepared by this "
@@ -232,8 +281,9 @@ def _validate_sections(params: Params, where: str) -> None:
     """Sections owned by other domains validate with their own schema (see those modules)."""
     from lmrepro.data import validate_corpus_spec
 
-    for name, spec in params.data.corpora.items():
-        try:
+    try:
+        for name, spec in params.data.corpora.items():
             validate_corpus_spec(name, spec)
-        except ParameterError as err:
-            raise ConfigError(err.name, err.value, f"{where}: {err}") from None
+        params.rgc.config(params.seed)
+    except ParameterError as err:
+        raise ConfigError(err.name, err.value, f"{where}: {err}") from None

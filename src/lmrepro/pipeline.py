@@ -141,6 +141,26 @@ def scape_stage(params: Params, stage_dir: str | Path = "results/scape") -> dict
     return out
 
 
+def rgc_stage(params: Params, stage_dir: str | Path = "results/rgc") -> dict[str, Path]:
+    """Async RGC, sync RGC and global backprop per corpus in ``rgc.corpora`` (``rgc:``)."""
+    from lmrepro.rgc import run_suite
+
+    rg = params.rgc
+    stage_dir = Path(stage_dir)
+    config = rg.config(params.seed)
+    reset_if_changed(stage_dir / "runs", {
+        "seed": params.seed, "rgc": rg.model_dump(),
+        "data": {c: data_identity(params, c) for c in rg.corpora}})
+    for corpus in rg.corpora:
+        train, val = corpus_splits(params, corpus)
+        log.info("RGC suite %s on %s -> %s", list(rg.executors), corpus,
+                 stage_dir / "runs" / corpus)
+        run_suite(train, val, corpus, stage_dir / "runs" / corpus, config, rg.executors)
+    out = collect_runs(stage_dir.name, stage_dir.parent)
+    write_stage_products(stage_dir, out)
+    return out
+
+
 METRIC_KEYS = ("final_bpb", "tokens_per_s", "mean_step_time_s", "peak_rss_bytes", "steps",
                "tokens")
 

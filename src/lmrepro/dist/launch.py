@@ -13,7 +13,6 @@ resumes from its last checkpoint).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import signal
@@ -42,17 +41,8 @@ class LaunchError(RuntimeError):
     """torchrun exited with a non-zero status; the message carries the log's tail."""
 
 
-@functools.lru_cache(maxsize=1)
-def _entry_module() -> tuple[str, ...]:
-    """``-m lmrepro train-scape``; falls back to the stand-alone ``-m lmrepro.dist.cli`` when the
-    project CLI cannot build its parser (e.g. a partial checkout)."""
-    try:
-        from lmrepro.cli import build_parser
-
-        build_parser()
-        return ("-m", "lmrepro", "train-scape")
-    except Exception:  # noqa: BLE001 - any failure of the main CLI: use the stand-alone entry
-        return ("-m", "lmrepro.dist.cli", "train-scape")
+# the worker program: the project CLI's train-scape subcommand
+ENTRY = ("-m", "lmrepro", "train-scape")
 
 
 def args_to_flags(args: Mapping[str, Any]) -> list[str]:
@@ -88,7 +78,7 @@ def torchrun_command(nproc: int, worker_args: Sequence[str], *, nnodes: int = 1,
               "must be HOST:PORT for a multi-node launch")
         cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", str(rdzv_endpoint)]
-    cmd += ["--nproc-per-node", str(nproc), *_entry_module(), *worker_args]
+    cmd += ["--nproc-per-node", str(nproc), *ENTRY, *worker_args]
     return cmd
 
 

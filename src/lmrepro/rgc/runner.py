@@ -1,0 +1,83 @@
+"""Entry points: :func:`train` (one run) and :func:`run_suite` (the notebook's three runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from lmrepro.errors import check
+from lmrepro.results import SUMMARY, read_run
+from lmrepro.rgc.common import TrainResult, check_data, synthetic_corpus
+from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
+
+DEFAULT_RUN_NAMES = {"async": "rgc-async", "sync": "rgc-sync", "backprop": "backprop"}
+
+
+def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | None = None,
+          val_data: np.ndarray | None = None, out_dir: str | Path | None = None,
+          corpus: str = "synthetic", name: str | None = None, stop_after: int | None = None,
+          fault: tuple[int, int, str] | None = None) -> TrainResult:
+    """Train with RGC (``"sync"``, ``"async"``) or the global-backprop baseline (``"backprop"``).
+
+    Args:
+        config: the run's :class:`RGCConfig`.
+        executor: ``"sync"`` (one process, stages in turn, any horizon), ``"async"`` (one process
+            per stage, horizon 1) or ``"backprop"``.
+        train_data, val_data: 1-D uint8 byte arrays; ``None`` uses a deterministic synthetic
+            text (for smoke runs only).
+        out_dir: run directory in the :mod:`lmrepro.results` layout; enables checkpoints
+            (``checkpoint.pt`` every ``config.checkpoint_interval`` steps) and resume: a run
+            directory with a checkpoint continues from it.
+        corpus, name: recorded in ``summary.json`` (name defaults to ``rgc-<executor>`` or
+            ``backprop``).
+        stop_after: stop after this many steps (as if killed), leaving the checkpoint; no
+            evaluation, no summary. For tests and time-boxed runs.
+        fault: async only, ``(stage, step, "raise" | "exit" | "hang")`` injects a stage
+            failure (tests).
+
+    Returns:
+        :class:`TrainResult` with ``tokens_per_s``, ``peak_rss_bytes``, ``final_bpb``,
+        ``eval_losses`` (nats per fixed eval batch), ``summary`` and the final parameters.
+    """
+    check(isinstance(config, RGCConfig), "config", type(config).__name__,
+          "must be an lmrepro.rgc.RGCConfig")
+    check_executor(executor)
+    check(stop_after is None or (isinstance(stop_after, int) and stop_after >= 0), "stop_after",
+          stop_after, "must be None or an integer >= 0")
+    check(fault is None or executor == "async", "fault", fault,
+          "fault injection exists only for executor='async'")
+    if train_data is None or val_data is None:
+        text = synthetic_corpus(200_000, seed=12345)
+        split = int(0.9 * len(text))
+        train_data = text[:split] if train_data is None else train_data
+        val_data = text[split:] if val_data is None else val_data
+    check_data("train_data", train_data, config.context)
+    check_data("val_data", val_data, config.context)
+    check_threads(config, executor)
+    out = Path(out_dir) if out_dir is not None else None
+    if executor == "async":
+        from lmrepro.rgc.async_exec import train_async
+        return train_async(config, train_data, val_data, out, corpus, name, stop_after, fault)
+    from lmrepro.rgc.sync import train_single_process
+    return train_single_process(config, executor, train_data, val_data, out, corpus, name,
+                                stop_after)
+
+
+def run_suite(train_data: np.ndarray, val_data: np.ndarray, corpus: str, out_root: str | Path,
+              config: RGCConfig, executors: Sequence[str] = ("async", "sync", "backprop")
+              ) -> dict[str, dict]:
+    """The notebook's runs: each executor in ``out_root/<name>`` (names ``rgc-async``,
+    ``rgc-sync``, ``backprop``). A run whose ``summary.json`` exists is skipped (read back); a run
+    with only a checkpoint resumes. Returns ``{executor: summary}``."""
+    out_root = Path(out_root)
+    summaries: dict[str, dict] = {}
+    for executor in executors:
+        check_executor(executor)
+        run_dir = out_root / DEFAULT_RUN_NAMES[executor]
+        if not (run_dir / SUMMARY).exists():
+            train(config, executor, train_data, val_data, run_dir, corpus,
+                  DEFAULT_RUN_NAMES[executor])
+        summaries[executor] = read_run(run_dir)["summary"]
+    return summaries

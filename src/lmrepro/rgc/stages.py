@@ -1,0 +1,175 @@
+"""RGC math: cutting the model into stages, local losses, the horizon and the consensus.
+
+DESIGN.md, "RGC, reference design". The :class:`lmrepro.model.ByteTransformer` is cut into K
+stages of L/K blocks. Stage 0 also owns the embedding: the embedding's gradient comes from the
+losses whose horizon reaches stage 0 (with H = 1 only stage 0's own loss). Every stage reads out
+through the one shared decoder D (final LayerNorm + head):
+
+* local loss of stage k: ``L_k = CE(D(h_k), y)`` (next-byte cross-entropy, nats);
+* horizon H: ``L_k`` updates the blocks of stages ``max(0, k-H+1) .. k`` only (0-indexed); with
+  H = 1 the input of every stage is detached;
+* consensus: D's gradient is the mean over stages of ``dL_k/dD``.
+
+Blocks of stage j receive ``sum over k in reach of dL_k/dtheta_j`` (each local loss at full
+weight). With H = K that is global backprop of ``sum_k L_k``; in particular the part coming from
+the last stage's loss equals plain backprop of the model's own loss ``CE(D(h_L), y)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+
+from lmrepro.errors import check
+from lmrepro.model import ByteTransformer, lm_loss
+
+
+def stage_bounds(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
+    """Block index ranges ``[start, end)`` of each stage: K equal cuts of L blocks."""
+    check(n_stages >= 1 and n_layers % n_stages == 0, "rgc.n_stages", n_stages,
+          f"must be >= 1 and divide rgc.n_layers = {n_layers}")
+    per = n_layers // n_stages
+    return [(k * per, (k + 1) * per) for k in range(n_stages)]
+
+
+def horizon_window(k: int, horizon: int) -> range:
+    """Stages (0-indexed) whose parameters receive the gradient of stage ``k``'s local loss."""
+    check(horizon >= 1, "rgc.horizon", horizon, "must be an integer >= 1")
+    return range(max(0, k - horizon + 1), k + 1)
+
+
+def stage_modules(model: ByteTransformer, bounds: Sequence[tuple[int, int]], k: int
+                  ) -> list[nn.Module]:
+    """The modules of stage ``k``: its blocks, and the embedding for stage 0 (decoder excluded)."""
+    start, end = bounds[k]
+    mods: list[nn.Module] = [model.embed] if k == 0 else []
+    return mods + [model.blocks[i] for i in range(start, end)]
+
+
+def stage_parameters(model: ByteTransformer, bounds: Sequence[tuple[int, int]], k: int
+                     ) -> list[nn.Parameter]:
+    return [p for m in stage_modules(model, bounds, k) for p in m.parameters()]
+
+
+def stage_parameter_names(model: ByteTransformer, bounds: Sequence[tuple[int, int]], k: int
+                          ) -> list[str]:
+    """Names (as in ``model.state_dict()``) of stage ``k``'s parameters."""
+    start, end = bounds[k]
+    prefixes = (["embed."] if k == 0 else []) + [f"blocks.{i}." for i in range(start, end)]
+    return [n for n, _ in model.named_parameters() if n.startswith(tuple(prefixes))]
+
+
+def decoder_parameters(model: ByteTransformer) -> list[nn.Parameter]:
+    return list(model.decoder.parameters())
+
+
+def run_stage(model: ByteTransformer, bounds: Sequence[tuple[int, int]], k: int,
+              inp: torch.Tensor) -> torch.Tensor:
+    """Apply stage ``k``: ``inp`` is the byte ids for stage 0, else the hidden state h_{k-1}."""
+    start, end = bounds[k]
+    h = model.embed(inp) if k == 0 else inp
+    for i in range(start, end):
+        h = model.blocks[i](h)
+    return h
+
+
+def local_loss(model: ByteTransformer, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Stage-local loss: next-byte cross-entropy (nats) of the shared decoder's readout of ``h``."""
+    return lm_loss(model.decoder(h), y)
+
+
+def forward_stages(model: ByteTransformer, bounds: Sequence[tuple[int, int]], x: torch.Tensor,
+                   horizon: int) -> list[torch.Tensor]:
+    """Hidden states ``[h_1, ..., h_K]`` of the stage outputs.
+
+    With ``horizon == 1`` every stage input is detached (no graph crosses a stage boundary); with
+    a larger horizon the graph is kept and :func:`stage_local_grads` restricts each loss to its
+    window (autograd only walks paths to the requested inputs).
+    """
+    hs: list[torch.Tensor] = []
+    h: torch.Tensor = x
+    for k in range(len(bounds)):
+        if k > 0 and horizon == 1:
+            h = h.detach()
+        h = run_stage(model, bounds, k, h)
+        hs.append(h)
+    return hs
+
+
+def consensus_decoder_grad(per_stage_grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Readout-Gradient Consensus: the mean of the stages' gradients w.r.t. one decoder tensor."""
+    check(len(per_stage_grads) >= 1, "per_stage_grads", len(per_stage_grads),
+          "must hold at least one gradient")
+    return torch.stack([g.detach() for g in per_stage_grads]).mean(dim=0)
+
+
+@dataclass
+class LocalGrads:
+    """Gradients of one stage's local loss.
+
+    Attributes:
+        stage: k.
+        loss: the local loss value (nats).
+        window: the stages reached by the gradient (the horizon window).
+        params: gradient of every reached stage parameter, by ``state_dict`` name.
+        decoder: gradient w.r.t. each decoder parameter (the stage's readout gradient).
+    """
+
+    stage: int
+    loss: float
+    window: range
+    params: dict[str, torch.Tensor]
+    decoder: list[torch.Tensor]
+
+
+def stage_local_grads(model: ByteTransformer, bounds: Sequence[tuple[int, int]],
+                      x: torch.Tensor, y: torch.Tensor, horizon: int, scale: float = 1.0
+                      ) -> list[LocalGrads]:
+    """Per-stage local-loss gradients on one (micro-)batch, without touching ``.grad``.
+
+    ``scale`` multiplies every loss (``1 / micro_batches`` for gradient accumulation).
+    """
+    hs = forward_stages(model, bounds, x, horizon)
+    dec = decoder_parameters(model)
+    out: list[LocalGrads] = []
+    n = len(bounds)
+    for k in range(n):
+        window = horizon_window(k, horizon)
+        names = [nm for j in window for nm in stage_parameter_names(model, bounds, j)]
+        params = [p for j in window for p in stage_parameters(model, bounds, j)]
+        loss = local_loss(model, hs[k], y)
+        grads = torch.autograd.grad(loss * scale, params + dec,
+                                    retain_graph=horizon > 1 and k < n - 1)
+        out.append(LocalGrads(stage=k, loss=float(loss.detach()), window=window,
+                              params=dict(zip(names, grads[:len(params)])),
+                              decoder=list(grads[len(params):])))
+    return out
+
+
+def accumulate_rgc_grads(model: ByteTransformer, bounds: Sequence[tuple[int, int]],
+                         x: torch.Tensor, y: torch.Tensor, horizon: int, scale: float = 1.0
+                         ) -> list[float]:
+    """One RGC backward on a micro-batch: add every stage's horizon-bounded local gradients to
+    the stage parameters' ``.grad`` and the consensus (mean) readout gradient to the decoder's.
+    Returns the local losses (nats) of stages 0..K-1."""
+    local = stage_local_grads(model, bounds, x, y, horizon, scale)
+    named = dict(model.named_parameters())
+    for lg in local:
+        for name, g in lg.params.items():
+            p = named[name]
+            p.grad = g.clone() if p.grad is None else p.grad.add_(g)
+    for i, p in enumerate(decoder_parameters(model)):
+        g = consensus_decoder_grad([lg.decoder[i] for lg in local])
+        p.grad = g if p.grad is None else p.grad.add_(g)
+    return [lg.loss for lg in local]
+
+
+def accumulate_backprop_grads(model: ByteTransformer, x: torch.Tensor, y: torch.Tensor,
+                              scale: float = 1.0) -> float:
+    """Global backprop baseline on a micro-batch: the model's own final-readout loss."""
+    loss = lm_loss(model(x), y)
+    (loss * scale).backward()
+    return float(loss.detach())

@@ -1,0 +1,184 @@
+"""RGC math (DESIGN.md "RGC, reference design"): stage cut, horizon, consensus, config errors."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+from lmrepro.errors import ParameterError
+from lmrepro.model import ByteTransformer, lm_loss
+from lmrepro.rgc import RGCConfig, ThreadOversubscriptionWarning, consensus_decoder_grad
+from lmrepro.rgc.config import check_threads
+from lmrepro.rgc.stages import (accumulate_rgc_grads, decoder_parameters, forward_stages,
+                                horizon_window, local_loss, run_stage, stage_bounds,
+                                stage_local_grads, stage_parameter_names, stage_parameters)
+
+torch.set_num_threads(1)
+
+
+def tiny(n_layers: int = 4, n_stages: int = 4, horizon: int = 1) -> RGCConfig:
+    return RGCConfig(n_layers=n_layers, n_stages=n_stages, horizon=horizon, d_model=16,
+                     n_heads=2, context=12, batch_size=4, micro_batches=1)
+
+
+def model_and_batch(cfg: RGCConfig, seed: int = 0
+                    ) -> tuple[ByteTransformer, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = ByteTransformer(cfg.model_config())
+    # make the residual/readout non-trivial so gradients are not tiny and distinct per stage
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randint(0, 256, (3, cfg.context), generator=g)
+    y = torch.randint(0, 256, (3, cfg.context), generator=g)
+    return model, x, y
+
+
+def test_stage_bounds_and_windows() -> None:
+    assert stage_bounds(24, 4) == [(0, 6), (6, 12), (12, 18), (18, 24)]
+    assert list(horizon_window(3, 1)) == [3]
+    assert list(horizon_window(3, 2)) == [2, 3]
+    assert list(horizon_window(1, 4)) == [0, 1]
+    cfg = tiny()
+    model, _, _ = model_and_batch(cfg)
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    names = [stage_parameter_names(model, bounds, k) for k in range(cfg.n_stages)]
+    # every non-decoder parameter belongs to exactly one stage; the embedding to stage 0
+    flat = [n for ns in names for n in ns]
+    assert len(flat) == len(set(flat))
+    assert set(flat) == {n for n, _ in model.named_parameters() if not n.startswith("decoder.")}
+    assert all(n.startswith(("embed.", "blocks.0.")) for n in names[0])
+    assert sum(p.numel() for k in range(4) for p in stage_parameters(model, bounds, k)) + \
+        sum(p.numel() for p in decoder_parameters(model)) == model.num_parameters()
+
+
+def test_full_horizon_last_stage_loss_equals_global_backprop() -> None:
+    """H = K: the gradient of the final stage's loss, flowing through every stage, is exactly
+    backprop of the model's own loss CE(D(h_L), y) (same parameters, same graph)."""
+    cfg = tiny(horizon=4)
+    model, x, y = model_and_batch(cfg)
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    local = stage_local_grads(model, bounds, x, y, cfg.horizon)
+    last = local[-1]
+    assert list(last.window) == [0, 1, 2, 3]
+    named = dict(model.named_parameters())
+    names = [n for n in named if not n.startswith("decoder.")]
+    ref = torch.autograd.grad(lm_loss(model(x), y), [named[n] for n in names]
+                              + decoder_parameters(model))
+    assert set(last.params) == set(names)
+    for n, g in zip(names, ref[:len(names)]):
+        torch.testing.assert_close(last.params[n], g, rtol=1e-5, atol=1e-7)
+    for g_rgc, g_bp in zip(last.decoder, ref[len(names):]):
+        torch.testing.assert_close(g_rgc, g_bp, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        assert last.loss == pytest.approx(float(lm_loss(model(x), y)), rel=1e-6)
+
+
+def test_full_horizon_accumulated_grads_equal_backprop_of_summed_local_losses() -> None:
+    """H = K: stage parameters get backprop of sum_k L_k; the decoder gets its mean over k.
+    The reference is computed independently from ``model(x, return_hidden=True)``."""
+    cfg = tiny(n_layers=4, n_stages=2, horizon=2)
+    model, x, y = model_and_batch(cfg, seed=3)
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    accumulate_rgc_grads(model, bounds, x, y, cfg.horizon)
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    _, hidden = model(x, return_hidden=True)
+    losses = [lm_loss(model.decoder(hidden[end - 1]), y) for _, end in bounds]
+    stage_params = [(n, p) for n, p in model.named_parameters() if not n.startswith("decoder.")]
+    ref = torch.autograd.grad(sum(losses), [p for _, p in stage_params], retain_graph=True)
+    for (n, _), g in zip(stage_params, ref):
+        torch.testing.assert_close(got[n], g, rtol=1e-5, atol=1e-7)
+    dec_ref = torch.autograd.grad(sum(losses) / len(losses), decoder_parameters(model))
+    for (n, _), g in zip(model.decoder.named_parameters(), dec_ref):
+        torch.testing.assert_close(got[f"decoder.{n}"], g, rtol=1e-5, atol=1e-7)
+
+
+def test_horizon_one_no_gradient_reaches_an_earlier_stage() -> None:
+    cfg = tiny(horizon=1)
+    model, x, y = model_and_batch(cfg)
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    hs = forward_stages(model, bounds, x, horizon=1)
+    for k in range(1, cfg.n_stages):
+        loss = local_loss(model, hs[k], y)
+        earlier = [p for j in range(k) for p in stage_parameters(model, bounds, j)]
+        grads = torch.autograd.grad(loss, earlier + stage_parameters(model, bounds, k),
+                                    allow_unused=True, retain_graph=True)
+        assert all(g is None for g in grads[:len(earlier)]), f"loss {k} reached an earlier stage"
+        assert all(g is not None and g.abs().sum() > 0 for g in grads[len(earlier):])
+    local = stage_local_grads(model, bounds, x, y, 1)
+    for lg in local:
+        assert set(lg.params) == set(stage_parameter_names(model, bounds, lg.stage))
+    # the embedding learns from stage 0's loss only
+    assert "embed.tok.weight" in local[0].params
+    assert all("embed.tok.weight" not in lg.params for lg in local[1:])
+
+
+def test_intermediate_horizon_equals_detaching_at_the_window_edge() -> None:
+    """H = 2, K = 4: stage 3's loss updates stages 2 and 3 exactly as if h_1 were detached."""
+    cfg = tiny(horizon=2)
+    model, x, y = model_and_batch(cfg, seed=5)
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    got = stage_local_grads(model, bounds, x, y, 2)[3]
+    assert list(got.window) == [2, 3]
+    with torch.no_grad():
+        h = run_stage(model, bounds, 1, run_stage(model, bounds, 0, x))
+    h = run_stage(model, bounds, 3, run_stage(model, bounds, 2, h))
+    names = stage_parameter_names(model, bounds, 2) + stage_parameter_names(model, bounds, 3)
+    named = dict(model.named_parameters())
+    ref = torch.autograd.grad(local_loss(model, h, y), [named[n] for n in names])
+    assert list(got.params) == names
+    for n, g in zip(names, ref):
+        torch.testing.assert_close(got.params[n], g, rtol=1e-5, atol=1e-7)
+
+
+def test_decoder_gradient_is_the_mean_of_the_stage_readout_gradients() -> None:
+    a, b, c = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 6.0]), torch.tensor([-1.0, 1.0])
+    torch.testing.assert_close(consensus_decoder_grad([a, b, c]), torch.tensor([1.0, 3.0]))
+    cfg = tiny(horizon=1)
+    model, x, y = model_and_batch(cfg, seed=7)
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    per_stage = []
+    for k in range(cfg.n_stages):  # independent: one readout gradient per stage
+        hs = forward_stages(model, bounds, x, 1)
+        per_stage.append(torch.autograd.grad(local_loss(model, hs[k], y),
+                                             decoder_parameters(model)))
+    accumulate_rgc_grads(model, bounds, x, y, 1)
+    for i, p in enumerate(decoder_parameters(model)):
+        mean = sum(g[i] for g in per_stage) / cfg.n_stages
+        torch.testing.assert_close(p.grad, mean, rtol=1e-5, atol=1e-8)
+        assert not torch.allclose(p.grad, per_stage[-1][i])  # not just the last stage's
+    with pytest.raises(ParameterError):
+        consensus_decoder_grad([])
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(n_layers=6, n_stages=4), "rgc.n_stages"),
+    (dict(n_layers=8, n_stages=4, horizon=0), "rgc.horizon"),
+    (dict(n_layers=8, n_stages=4, horizon=5), "rgc.horizon"),
+    (dict(batch_size=6, micro_batches=4), "rgc.micro_batches"),
+    (dict(n_stages=4, threads_per_stage=(1, 1)), "rgc.threads_per_stage"),
+    (dict(n_stages=4, threads_per_stage=(1, 0, 1, 1)), "rgc.threads_per_stage"),
+    (dict(d_model=30, n_heads=4), "model.n_heads"),
+])
+def test_bad_config_names_parameter_value_and_allowed(kw: dict, name: str) -> None:
+    with pytest.raises(ParameterError) as ei:
+        RGCConfig(**kw)
+    assert ei.value.name == name
+    assert "must" in str(ei.value) and name in str(ei.value)
+
+
+def test_oversubscription_warns_clearly() -> None:
+    cores = os.cpu_count() or 1
+    cfg = RGCConfig(n_layers=4, n_stages=2, threads_per_stage=(cores, 1))
+    with pytest.warns(ThreadOversubscriptionWarning, match=r"rgc.threads_per_stage.*cores"):
+        assert check_threads(cfg, "async") == cores + 1
+    with pytest.warns(ThreadOversubscriptionWarning, match="rgc.backprop_threads"):
+        check_threads(cfg.replace(backprop_threads=cores + 3), "backprop")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_threads(RGCConfig(n_layers=4, n_stages=1), "sync", cores=1)

@@ -1,0 +1,182 @@
+"""Sync RGC and global-backprop executors: outputs, determinism, resume after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lmrepro.errors import ParameterError
+from lmrepro.io import torch_load
+from lmrepro.results import read_run
+from lmrepro.rgc import RGCConfig, run_suite, train
+
+torch.set_num_threads(1)
+
+TEXT = (b"It is a truth universally acknowledged, that a single man in possession of a good "
+        b"fortune, must be in want of a wife. ") * 60
+DATA = np.frombuffer(TEXT, dtype=np.uint8).copy()
+TRAIN, VAL = DATA[:5000], DATA[5000:]
+
+
+def cfg(**kw) -> RGCConfig:
+    base = dict(n_layers=4, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16, steps=6,
+                batch_size=4, micro_batches=2, warmup_steps=2, lr=3e-3, eval_batch_size=4,
+                eval_batches=3, checkpoint_interval=2, threads_per_stage=(1, 1),
+                backprop_threads=1)
+    base.update(kw)
+    return RGCConfig(**base)
+
+
+@pytest.mark.parametrize("executor", ["sync", "backprop"])
+def test_run_writes_results_layout_and_learns(executor: str, tmp_path: Path) -> None:
+    c = cfg(steps=12, checkpoint_interval=5, eval_interval=6)
+    r = train(c, executor, TRAIN, VAL, tmp_path / "run", corpus="austen")
+    run = read_run(tmp_path / "run")
+    s = run["summary"]
+    for key in ("name", "method", "corpus", "steps", "tokens", "final_bpb", "tokens_per_s",
+                "mean_step_time_s", "peak_rss_bytes", "seed", "executor", "threads"):
+        assert key in s, key
+    assert s["method"] == ("backprop" if executor == "backprop" else "rgc")
+    assert s["corpus"] == "austen" and s["steps"] == 12 and s["tokens"] == 12 * 4 * 16
+    assert s["final_bpb"] == pytest.approx(r.final_bpb)
+    assert r.final_bpb == pytest.approx(np.mean(r.eval_losses) / np.log(2))
+    assert run["eval_losses"] == r.eval_losses and len(r.eval_losses) == 3
+    assert r.tokens_per_s > 0 and r.peak_rss_bytes > 50 * 2**20
+    steps = [m["step"] for m in run["metrics"] if "loss" in m]
+    assert steps == list(range(12))
+    assert any("eval_bpb" in m for m in run["metrics"])
+    losses = [m["loss"] for m in run["metrics"] if "loss" in m]
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])  # it learns the repeated sentence
+    ck = torch_load(tmp_path / "run" / "checkpoint.pt")
+    assert ck["step"] == 12
+
+
+def test_same_seed_same_metrics_and_different_seed_differs() -> None:
+    a = train(cfg(), "sync", TRAIN, VAL)
+    b = train(cfg(), "sync", TRAIN, VAL)
+    c = train(cfg(seed=1), "sync", TRAIN, VAL)
+    strip = lambda ms: [{k: v for k, v in m.items() if k != "step_time_s"} for m in ms]  # noqa
+    assert strip(a.metrics) == strip(b.metrics) and a.eval_losses == b.eval_losses
+    assert a.eval_losses != c.eval_losses
+    p = train(cfg(), "backprop", TRAIN, VAL)
+    q = train(cfg(), "backprop", TRAIN, VAL)
+    assert strip(p.metrics) == strip(q.metrics) and p.eval_losses == q.eval_losses
+    # RGC and backprop share the data and init: identical first-step last-stage loss
+    assert a.metrics[0]["loss"] == p.metrics[0]["loss"]
+    assert a.eval_losses != p.eval_losses
+
+
+@pytest.mark.parametrize("executor", ["sync", "backprop"])
+def test_resume_is_bit_identical(executor: str, tmp_path: Path) -> None:
+    c = cfg(steps=7, checkpoint_interval=2, horizon=2 if executor == "sync" else 1)
+    straight = train(c, executor, TRAIN, VAL, tmp_path / "a")
+    part = train(c, executor, TRAIN, VAL, tmp_path / "b", stop_after=5)  # "killed" after 5
+    assert part.summary == {} and not (tmp_path / "b" / "summary.json").exists()
+    assert torch_load(tmp_path / "b" / "checkpoint.pt")["step"] == 4
+    resumed = train(c, executor, TRAIN, VAL, tmp_path / "b")
+    assert resumed.summary["resumed_from_step"] == 4
+    for n, v in straight.final_state.items():
+        assert torch.equal(v, resumed.final_state[n]), n
+    assert straight.eval_losses == resumed.eval_losses
+    metrics = read_run(tmp_path / "b")["metrics"]
+    assert [m["step"] for m in metrics] == list(range(7))  # step 4 not logged twice
+
+
+def test_resume_refuses_a_different_config(tmp_path: Path) -> None:
+    train(cfg(), "sync", TRAIN, VAL, tmp_path / "r", stop_after=2)
+    with pytest.raises(ParameterError, match="different run"):
+        train(cfg(lr=1e-2), "sync", TRAIN, VAL, tmp_path / "r")
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, torch
+    torch.set_num_threads(1)
+    from lmrepro.rgc import RGCConfig, train
+    import json
+    cfg = RGCConfig(**json.loads(sys.argv[2]))
+    data = np.fromfile(sys.argv[3], dtype=np.uint8)
+    train(cfg, "sync", data[:5000], data[5000:], sys.argv[1])
+""")
+
+
+def test_real_kill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
+    c = cfg(steps=40, checkpoint_interval=1)
+    kw = json.dumps({**c.to_dict(), "threads_per_stage": [1, 1]})
+    DATA.tofile(tmp_path / "data.bin")
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "k"), kw,
+                             str(tmp_path / "data.bin")])
+    ck = tmp_path / "k" / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if ck.exists() and torch_load(ck)["step"] >= 3 or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    killed_at = torch_load(ck)["step"]
+    assert 3 <= killed_at < 40
+    resumed = train(c, "sync", TRAIN, VAL, tmp_path / "k")
+    straight = train(c, "sync", TRAIN, VAL)
+    assert resumed.summary["resumed_from_step"] >= 3
+    for n, v in straight.final_state.items():
+        assert torch.equal(v, resumed.final_state[n]), n
+
+
+def test_run_suite_skips_finished_runs(tmp_path: Path) -> None:
+    c = cfg(steps=3)
+    out = run_suite(TRAIN, VAL, "austen", tmp_path, c, executors=("sync", "backprop"))
+    assert set(out) == {"sync", "backprop"}
+    assert out["sync"]["name"] == "rgc-sync" and out["backprop"]["name"] == "backprop"
+    mtime = (tmp_path / "rgc-sync" / "summary.json").stat().st_mtime_ns
+    again = run_suite(TRAIN, VAL, "austen", tmp_path, c, executors=("sync",))
+    assert (tmp_path / "rgc-sync" / "summary.json").stat().st_mtime_ns == mtime
+    assert again["sync"] == out["sync"]
+
+
+def test_bad_inputs_are_clear_errors() -> None:
+    with pytest.raises(ParameterError, match="executor"):
+        train(cfg(), "pipeline", TRAIN, VAL)
+    with pytest.raises(ParameterError, match="train_data"):
+        train(cfg(), "sync", TRAIN.astype(np.int64), VAL)
+    with pytest.raises(ParameterError, match="rgc.horizon"):
+        train(cfg(horizon=2), "async", TRAIN, VAL)
+
+
+def test_cli_train_rgc(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from lmrepro.rgc.cli import main
+
+    TRAIN.tofile(tmp_path / "train.bin")
+    VAL.tofile(tmp_path / "val.bin")
+    args = ["train-rgc", "--executor", "backprop", "--out", str(tmp_path / "run"),
+            "--train-file", str(tmp_path / "train.bin"), "--val-file", str(tmp_path / "val.bin"),
+            "--config-json", json.dumps({**cfg(steps=2).to_dict()}), "--seed", "3"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["method"] == "backprop" and summary["seed"] == 3 and summary["steps"] == 2
+    assert read_run(tmp_path / "run")["summary"]["final_bpb"] == summary["final_bpb"]
+    with pytest.raises(ParameterError, match="rgc.horizon"):
+        main(args[:-2] + ["--horizon", "9"])
+
+
+def test_peak_rss_counts_child_processes() -> None:
+    from lmrepro.rgc.memory import PeakRSSSampler
+
+    sampler = PeakRSSSampler(interval_s=0.02)
+    own = sampler.sample()  # this process tree (multiprocessing helpers excluded)
+    with sampler:
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import time; b = b'x' * (200 * 2**20); time.sleep(1.5)"])
+        child.wait(timeout=60)
+    assert sampler.peak_bytes >= own + 150 * 2**20
+    assert sampler.samples > 5
