@@ -47,35 +47,18 @@ def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedPr
 def test_cli_rejects_bad_params_without_creating_outputs(tmp_path):
     proj = copy_project(tmp_path)
     raw = yaml.safe_load((proj / "params.yaml").read_text())
-    raw["train"]["steps"] = -3
+    raw["profiles"]["smoke"]["train"]["steps"] = -3
     (proj / "bad.yaml").write_text(yaml.safe_dump(raw))
-    proc = run([str(BIN / "lmrepro"), "train", "--params", "bad.yaml"], proj)
-    assert proc.returncode == 2
-    assert "train.steps = -3" in proc.stderr and "greater than or equal to 1" in proc.stderr
-    assert not (proj / "results").exists()
-
-
-@pytest.mark.slow
-def test_notebooks_execute_with_papermill_and_render_html(tmp_path):
-    from lmrepro.notebook import run_notebook
-
-    proj = copy_project(tmp_path)
-    cwd = os.getcwd()
-    os.chdir(proj)
-    try:
-        for name in ("01_fetch", "02_prepare", "03_train_baseline"):
-            html = run_notebook(proj / "notebooks" / f"{name}.ipynb", proj / "reports", cwd=proj)
-            assert html.exists() and "<html" in html.read_text()[:2000].lower()
-    finally:
-        os.chdir(cwd)
-    metrics = json.loads((proj / "results" / "baseline" / "metrics.json").read_text())
-    assert metrics["shakespeare/backprop"]["final_bpb"] < 8.0
-    executed = json.loads((proj / "reports" / "03_train_baseline.ipynb").read_text())
-    injected = [c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
-    assert not injected or "profile" in "".join(injected[0]["source"])
-    # the notebook sources in the repo stay without outputs
-    source = json.loads((ROOT / "notebooks" / "03_train_baseline.ipynb").read_text())
-    assert all(not c.get("outputs") for c in source["cells"] if c["cell_type"] == "code")
+    for command in (["train"], ["fetch"], ["prepare"], ["report"]):
+        proc = run([str(BIN / "lmrepro"), *command, "--params", "bad.yaml"], proj)
+        assert proc.returncode == 2, (command, proc.stderr)
+        assert "train.steps = -3" in proc.stderr, (command, proc.stderr)
+        assert "greater than or equal to 1" in proc.stderr
+    proc = run([str(BIN / "lmrepro"), "notebook", "notebooks/03_train_baseline.ipynb",
+                "--params", "bad.yaml"], proj)
+    assert proc.returncode != 0 and "train.steps = -3" in proc.stdout + proc.stderr
+    assert not (proj / "results").exists() and not (proj / "data" / "prepared").exists()
+    assert not (proj / "reports" / "03_train_baseline.html").exists()
 
 
 @pytest.mark.slow
@@ -87,9 +70,29 @@ def test_dvc_repro_runs_the_pipeline_and_a_second_repro_does_nothing(tmp_path):
     dvc = str(BIN / "dvc")
     first = run([dvc, "repro"], proj, timeout=1500)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert (proj / "reports" / "index.html").exists()
+    # every notebook was executed by papermill (parameters injected) and rendered to HTML
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        html = proj / "reports" / f"{nb.stem}.html"
+        assert html.exists() and "<html" in html.read_text()[:2000].lower(), nb.name
+        executed = json.loads((proj / "reports" / nb.name).read_text())
+        assert any("injected-parameters" in c["metadata"].get("tags", [])
+                   for c in executed["cells"]), nb.name
+        # while the notebook sources in the repository stay without outputs
+        source = json.loads(nb.read_text())
+        assert all(not c.get("outputs") for c in source["cells"] if c["cell_type"] == "code")
+    index = (proj / "reports" / "index.html").read_text()
+    assert all(f"{nb.stem}.html" in index for nb in (ROOT / "notebooks").glob("*.ipynb"))
+    baseline = json.loads((proj / "results" / "baseline" / "metrics.json").read_text())
+    assert baseline["shakespeare/backprop"]["final_bpb"] < 8.0
+    ni = json.loads((proj / "results" / "analysis" / "scape" / "noninferiority.json").read_text())
+    assert any("scape" in k for k in ni)
     metrics = run([dvc, "metrics", "show", "--json"], proj)
     assert metrics.returncode == 0 and "final_bpb" in metrics.stdout
+    assert "upper_bound" in metrics.stdout and "reproduced_yes" in metrics.stdout
+    plots = run([dvc, "plots", "show", "--json"], proj)
+    assert plots.returncode == 0 and "loss_curve.csv" in plots.stdout, plots.stderr[-2000:]
+    exps = run([dvc, "exp", "show", "--json"], proj)
+    assert exps.returncode == 0 and "final_bpb" in exps.stdout, exps.stderr[-2000:]
     lock = (proj / "dvc.lock").read_text()
     second = run([dvc, "repro"], proj)
     assert second.returncode == 0, second.stderr[-3000:]

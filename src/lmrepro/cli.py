@@ -43,7 +43,10 @@ def _parse_value(text: str):
 def _cmd_notebook(args: argparse.Namespace) -> int:
     from lmrepro.notebook import run_notebook
 
-    parameters = {k: _parse_value(v) for k, v in (args.param or [])}
+    # the parameter file and profile are always injected, so every executed notebook records
+    # which configuration it ran with
+    parameters = {"params_file": args.params, "profile": args.profile}
+    parameters.update({k: _parse_value(v) for k, v in (args.param or [])})
     html = run_notebook(args.notebook, args.reports, parameters)
     print(html)
     return 0
@@ -78,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("notebook", help="execute a notebook with papermill, render HTML")
     p.add_argument("notebook")
+    _add_params_args(p)
     p.add_argument("--reports", default="reports")
     p.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
                    help="notebook parameter (VALUE parsed as YAML)")
