@@ -31,7 +31,7 @@ import urllib.request
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from tqdm.auto import tqdm
 
@@ -85,6 +85,18 @@ def _sha256_hex(value: Any, name: str) -> str | None:
     return value.lower()
 
 
+def copy_hashed(src: BinaryIO, out: BinaryIO, h: "hashlib._Hash", progress: Any = None) -> int:
+    """Copy ``src`` into ``out`` in chunks, feeding every chunk to ``h``; return the byte count."""
+    n = 0
+    for block in iter(lambda: src.read(_CHUNK), b""):
+        out.write(block)
+        h.update(block)
+        n += len(block)
+        if progress is not None:
+            progress.update(len(block))
+    return n
+
+
 def _is_remote(url: str) -> bool:
     return urllib.parse.urlparse(url).scheme in ("http", "https")
 
@@ -123,7 +135,6 @@ def download(url: str, dest: Path, *, sha256: str | None, expected_bytes: int | 
     dest.parent.mkdir(parents=True, exist_ok=True)
     where = f"{corpus}: {url}"
     h = hashlib.sha256()
-    n = 0
     # atomic_open removes its temporary file if anything below raises
     with atomic_open(dest, "wb") as out:
         if _is_remote(url):
@@ -141,18 +152,11 @@ def download(url: str, dest: Path, *, sha256: str | None, expected_bytes: int | 
                 with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name,
                           disable=None) as bar:
                     try:
-                        while True:
-                            block = resp.read(_CHUNK)
-                            if not block:
-                                break
-                            out.write(block)
-                            h.update(block)
-                            n += len(block)
-                            bar.update(len(block))
+                        n = copy_hashed(resp, out, h, bar)
                     except (OSError, http.client.HTTPException) as err:  # IncompleteRead, ...
                         raise IntegrityError(
-                            f"{where}: download interrupted after {n} bytes ({err!r}); "
-                            "nothing was kept, run again to retry") from err
+                            f"{where}: download interrupted after {out.tell()} bytes "
+                            f"({err!r}); nothing was kept, run again to retry") from err
             if total is not None and n != total:
                 raise IntegrityError(f"{where}: truncated download, got {n} of {total} "
                                      "bytes; nothing was kept, run again to retry")
@@ -163,10 +167,7 @@ def download(url: str, dest: Path, *, sha256: str | None, expected_bytes: int | 
                     f"{where}: no such file {src}. {_hint(param, local_hint)}")
             log.info("copying %s -> %s", src, dest)
             with open(src, "rb") as fh:
-                for block in iter(lambda: fh.read(_CHUNK), b""):
-                    out.write(block)
-                    h.update(block)
-                    n += len(block)
+                n = copy_hashed(fh, out, h)
         if expected_bytes is not None and n != expected_bytes:
             raise IntegrityError(f"{where}: got {n} bytes, expected {expected_bytes}; "
                                  "nothing was kept")
@@ -275,7 +276,6 @@ def _extract_member(zip_path: Path, member: str, dest: Path, raw_sha256: str | N
                     raw_bytes: int | None) -> tuple[str, int]:
     """Stream ``member`` out of ``zip_path`` into ``dest`` atomically, verifying it."""
     h = hashlib.sha256()
-    n = 0
     try:
         with zipfile.ZipFile(zip_path) as zf:
             names = zf.namelist()
@@ -284,13 +284,7 @@ def _extract_member(zip_path: Path, member: str, dest: Path, raw_sha256: str | N
                                      f"(members: {names[:5]})")
             log.info("unzipping %s:%s -> %s", zip_path, member, dest)
             with zf.open(member) as src, atomic_open(dest, "wb") as out:
-                while True:
-                    block = src.read(_CHUNK)
-                    if not block:
-                        break
-                    out.write(block)
-                    h.update(block)
-                    n += len(block)
+                n = copy_hashed(src, out, h)
                 digest = h.hexdigest()
                 if raw_bytes is not None and n != raw_bytes:
                     raise IntegrityError(f"enwik8: unzipped {member} has {n} bytes, expected "
