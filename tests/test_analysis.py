@@ -154,9 +154,10 @@ def test_noninferiority_table_matches_the_test_on_pooled_pairs(tmp_path: Path) -
     assert row.mean_rel_diff == pytest.approx(direct.mean_rel_diff, rel=1e-12)
     assert row.upper_bound == pytest.approx(direct.upper_bound, rel=1e-12)
     assert row.verdict == "not non-inferior" and not row.non_inferior
-    assert row.comparison == "rgc vs backprop (shakespeare)"
+    assert row.comparison == "rgc-async vs backprop (shakespeare)"
     sync = df[df.candidate == "sync0+sync1"].iloc[0]
     assert sync.non_inferior and sync.verdict == "non-inferior"
+    assert sync.comparison == "rgc-sync vs backprop (shakespeare)"
     assert sync.margin == 0.01
     assert "nats" in df.attrs["note"] and "bits per byte" in df.attrs["note"]
 

@@ -323,6 +323,8 @@ def _group_key(run: Run) -> tuple:
 
 def _config_label(run: Run) -> str:
     label = run.method
+    if run.role in (ROLE_RGC_ASYNC, ROLE_RGC_SYNC):
+        label += "-async" if run.role == ROLE_RGC_ASYNC else "-sync"
     if run.role in (ROLE_SCAPE, ROLE_TOPK) and run.sparsity is not None:
         label += f"@{run.sparsity:.0%}"
     if run.world_size is not None:
