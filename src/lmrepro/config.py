@@ -90,6 +90,9 @@ class TrainParams(OptimParams):
     checkpoint_every: int = Field(ge=1)
     log_every: int = Field(default=10, ge=1)
     threads: int = Field(ge=1)
+    optimizer_impl: Literal["loop", "foreach", "fused"] = Field(
+        default="fused", description="torch AdamW kernels; fused measured fastest (docs/performance.md)")
+    compile: bool = Field(default=False, description="torch.compile the forward pass")
 
 
 class ScapeRun(_Strict):

@@ -70,6 +70,7 @@ def train_settings(params: Params) -> TrainSettings:
         grad_clip=t.grad_clip, eval_every=t.eval_every, eval_batches=t.eval_batches,
         eval_batch_size=t.eval_batch_size, checkpoint_every=t.checkpoint_every,
         log_every=t.log_every, threads=t.threads, seed=params.seed,
+        optimizer_impl=t.optimizer_impl, compile=t.compile,
     )
 
 

@@ -1,0 +1,275 @@
+"""Render ``docs/performance.md`` from the benchmarks' last results (``bench/results/*.json``).
+
+Every number in the page comes from those files; nothing is typed by hand. A missing result file
+is named in the page as not yet run.
+
+    /tmp/venv/bin/python bench/make_performance_doc.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+DOC = REPO / "docs" / "performance.md"
+
+
+def _load(name: str) -> dict | None:
+    p = RESULTS / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _yes(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _machine(m: dict) -> str:
+    return (f"{m['cpu_model']} ({', '.join(m.get('cpu_flags', [])) or 'no SIMD flags read'}), "
+            f"{m['logical_cores']} cores, {m['memory_bytes'] / 2**30:.1f} GiB memory, kernel "
+            f"{m['kernel']}; Python {m['python']}, torch {m['torch']} "
+            f"({m.get('torch_parallel_backend', '?')}), numpy {m['numpy']}; run at "
+            f"{m['date_utc']}")
+
+
+def _load_line(r: dict) -> str:
+    busy = r["machine"].get("busy_processes_at_start", []) + r.get("busy_processes_at_end", [])
+    other = "none" if not busy else "; ".join(f"pid {b['pid']} {b['cpu_percent']} % "
+                                              f"`{b['cmd'][:60]}`" for b in busy)
+    return (f"load average (1/5/15 min) at start {r['loadavg_start']}, at end "
+            f"{r['loadavg_end']}; other busy processes seen: {other}")
+
+
+# ---------------------------------------------------------------------------------------------
+def section_scape(r: dict | None) -> str:
+    if r is None:
+        return ("## SCAPE over a shaped link\n\nNot run yet: `sudo python "
+                "bench/bench_scape_netns.py` (needs root and iproute2).\n")
+    a = r["args"]
+    first = next(iter(r["links"].values()))
+    n_params = first["raw_runs"][0]["n_params"]
+    parts = [
+        "## SCAPE over a shaped link (`bench/bench_scape_netns.py`)\n",
+        f"Machine: {_machine(r['machine'])}. {_load_line(r)}.\n",
+        f"Set-up: {a['world']} gloo workers under `torchrun` inside network namespace "
+        f"`{r['namespace']['name']}` (addresses: `{r['namespace']['addresses']}`; deleted "
+        f"afterwards: {r['namespace'].get('deleted')}), 1 thread each. Model: ByteTransformer "
+        f"{a['layers']} layers, d = {a['d_model']}, context {a['context']}, "
+        f"{n_params / 1e6:.2f} M parameters, batch {a['batch']} sequences per worker. "
+        f"{a['steps']} timed steps per method and mode after {a['warmup']} warm-up steps; step "
+        "time = wall time of the block of timed steps (barrier to barrier, slower rank) / steps. "
+        "*compute* = the same steps with every collective replaced by a local stand-in of the "
+        "same shape. *ideal* = compute + alpha-beta prediction of each blocking collective (each "
+        "collective priced by its own fit, i.e. gloo's algorithms as they are) + the part of the "
+        "asynchronous mask all-gather not hidden behind forward/backward. *link-limit* = the "
+        "same with the bytes a bandwidth-optimal (ring) algorithm puts on the shared link, "
+        "priced by the ping-pong fit: the limit of the link itself.\n",
+    ]
+    for label, link in r["links"].items():
+        parts.append(f"### Link: {label}\n")
+        parts.append(f"qdisc: `{link['qdisc'] or 'none (unshaped loopback)'}`; tc command: "
+                     f"`{' '.join(link['tc_command']) if link['tc_command'] else 'none'}`.\n")
+        fit_sizes = [s for s in link["sweep_sizes"] if s >= link["fit_min_bytes"]]
+        parts.append(
+            "Alpha-beta fits, `t = alpha + bytes / bandwidth` (bytes handed in per rank; relative "
+            f"least squares through the per-size medians of {len(fit_sizes)} sizes from "
+            f"{min(fit_sizes) / 1024:.0f} KiB to {max(fit_sizes) / 2**20:.0f} MiB; smaller "
+            "messages fit in the token bucket's burst and are shown as measured latency; the "
+            "smallest message any method sends is "
+            f"{link['smallest_priced_message_bytes'] / 1024:.0f} KiB):\n")
+        lat = link["small_message_latency_s"]
+        parts.append(_table(
+            ["collective", "alpha (ms)", "bandwidth (MB/s)", "R²", "max rel. error",
+             f"measured {min(link['sweep_sizes'])} B (ms)"],
+            [[k, f"{f['alpha_s'] * 1e3:.3f}", f"{f['bandwidth_MB_per_s']:.2f}",
+              f"{f['r2']:.4f}", f"{f['max_rel_err']:.2f}", f"{lat[k] * 1e3:.3f}"]
+             for k, f in link["fits"].items()]))
+        parts.append("")
+        rows = []
+        for m, x in link["methods"].items():
+            rows.append([m, f"{x['bytes_per_step']['total'] / 1e6:.3f}",
+                         f"{x['measured_step_s'] * 1e3:.1f}", f"{x['compute_step_s'] * 1e3:.1f}",
+                         f"{(x['pred_blocking_comm_s'] + x['pred_async_comm_s']) * 1e3:.1f}",
+                         f"{x['ideal_step_s'] * 1e3:.1f}", f"{x['measured_over_ideal']:.2f}",
+                         f"{x.get('measured_speedup', 1.0):.2f}",
+                         f"{x.get('ideal_speedup', 1.0):.2f}",
+                         f"{x.get('fraction_of_ideal', 1.0):.2f}",
+                         f"{x['link_limit_step_s'] * 1e3:.1f}",
+                         f"{x.get('link_limit_speedup', 1.0):.2f}"])
+        parts.append(_table(["method", "MB/step/rank", "measured ms", "compute ms",
+                             "pred. comm ms", "ideal ms", "measured/ideal",
+                             "speedup vs AdamW", "ideal speedup", "fraction of ideal",
+                             "link-limit ms", "link-limit speedup"], rows))
+        parts.append("")
+    s = r["summary"]
+    parts.append("### Targets\n")
+    if "scape99_fraction_of_ideal" in s:
+        parts.append(
+            f"- SCAPE 99 % on the slowest link ({s['slowest_link']}): measured speedup over "
+            f"dense AdamW {s['scape99_measured_speedup']:.2f}x, ideal "
+            f"{s['scape99_ideal_speedup']:.2f}x, i.e. {100 * s['scape99_fraction_of_ideal']:.0f}"
+            f" % of the ideal; target >= 90 %: {_yes(s['fraction_target_met'])}.")
+    if "scape99_mask_fraction_unlimited" in s:
+        mo = r["links"]["unlimited"]["mask_overhead"]
+        parts.append(
+            f"- SCAPE's mask computation + encoding + decoding at 99 % on the unlimited link: "
+            f"{100 * s['scape99_mask_fraction_unlimited']:.2f} % of the step; target <= 5 %: "
+            f"{_yes(s['mask_target_met'])}.")
+        rows = []
+        for m, x in mo.items():
+            ph = x["mask_phases_s"]
+            rows.append([m, f"{x['step_s'] * 1e3:.1f}"] +
+                        [f"{ph[k] * 1e3:.2f}" for k in ("mask_score", "mask_topk",
+                                                        "mask_encode", "mask_decode")] +
+                        [f"{100 * x['mask_fraction']:.2f} %",
+                         f"{x['optimizer_local_s'] * 1e3:.1f}",
+                         f"{100 * x['optimizer_local_fraction']:.1f} %"])
+        parts.append("")
+        parts.append(_table(["method", "step ms", "score ms", "top-k ms", "encode ms",
+                             "decode ms", "mask share", "all local optimizer work ms",
+                             "its share"], rows))
+        parts.append("\n(Timed from outside by wrapping the optimizer's methods and the functions "
+                     "`lmrepro.optim.scape` calls; the `masked_fill` of padding on the score is "
+                     "not separately timed. *All local optimizer work* = `opt.step()` minus "
+                     "time inside collectives and the mask wait.)")
+    alt = r.get("mask_selection_alternatives")
+    if alt:
+        parts.append(f"\nPossible reductions, measured on one shard ({alt['shard']} coordinates, "
+                     "1 thread; not used by SCAPE):\n")
+        rows = [[k, f"{x['torch_topk_sort_s'] * 1e3:.2f}",
+                 f"{x['numpy_argpartition_sort_s'] * 1e3:.2f}", x["same_indices"],
+                 f"{x['bitmap_encode_s'] * 1e3:.2f}", f"{x['numpy_packbits_s'] * 1e3:.2f}",
+                 x["packbits_same_bytes"]] for k, x in alt.items() if k != "shard"]
+        parts.append(_table(["k kept", "torch.topk + sort ms", "numpy argpartition + sort ms",
+                             "same indices", "bitmap encode (current) ms",
+                             "numpy packbits ms", "same bytes"], rows))
+    return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+def section_cpu(r: dict | None) -> str:
+    if r is None:
+        return "## CPU training efficiency\n\nNot run yet: `python bench/bench_cpu.py`.\n"
+    th = r["train_threads"]
+    m = r["model"]
+    parts = [
+        "## CPU training efficiency (`bench/bench_cpu.py`)\n",
+        f"Machine: {_machine(r['machine'])}. {_load_line(r)}.\n",
+        f"Default model: {m['n_layers']} layers, d = {m['d_model']}, {m['n_heads']} heads, "
+        f"context {m['context']}, batch {r['batch_size']} ({r['tokens_per_step']} tokens per "
+        f"step), `train.threads` = {th}. Training FLOPs per token "
+        f"(`lmrepro.model.train_flops_per_token`): {r['flops_per_token_model'] / 1e6:.3f} M "
+        f"(torch's FlopCounterMode counts {r['flops_per_token_counted_matmul_only'] / 1e6:.3f} M"
+        " for the matmuls alone; it does not count CPU attention).\n",
+        "### Peak: fp32 matmul microbenchmark\n",
+    ]
+    rows = []
+    for t, p in r["peak"].items():
+        for name, x in p["rows"].items():
+            rows.append([t, name, f"{x['m']}x{x['k']} @ {x['k']}x{x['n']}",
+                         f"{x['gflops']:.1f}",
+                         ", ".join(f"{g:.0f}" for g in x.get("gflops_passes", []))])
+    parts.append(_table(["threads", "shape", "matmul", "best GFLOP/s", "each pass"], rows))
+    parts.append("")
+    parts.append(", ".join(
+        f"peak at {t} thread(s): {p['peak_gflops']:.1f} GFLOP/s (model shapes, FLOP-weighted: "
+        f"{p['model_shapes_gflops_flop_weighted']:.1f})" for t, p in r["peak"].items()) + ".\n")
+    parts.append("### Training step variants, measured side by side (interleaved rounds)\n")
+    rows = []
+    for v in r["variants"]:
+        ph = v["phases_ms"]
+        rows.append([v["name"], v["threads"], v["optimizer_impl"], v["compile"],
+                     v.get("sdpa_backend") or "default",
+                     f"{v['step']['median_s'] * 1e3:.1f}", f"{v['tokens_per_s']:.0f}",
+                     f"{v['achieved_gflops']:.1f}", f"{100 * v['mfu']:.1f} %",
+                     f"{v['speedup_vs_loop']:.2f}",
+                     " / ".join(f"{ph[k]:.1f}" for k in ("data", "forward", "backward", "clip",
+                                                         "optimizer")),
+                     f"{v['warmup_or_compile_s']:.1f}"])
+    parts.append(_table(["variant", "threads", "AdamW impl", "compile", "SDPA",
+                         "median ms/step",
+                         "tokens/s", "GFLOP/s", "MFU (peak at its threads)", "x baseline",
+                         "phases ms: data / fwd / bwd / clip / opt", "warm-up/compile s"], rows))
+    parts.append("")
+    e = r["end_to_end"]
+    parts.append("### End to end through `lmrepro.train.train_single`\n")
+    rows = [[k, json.dumps(x["settings_override"]), x["steps"], f"{x['tokens_per_s']:.0f}",
+             f"{x['achieved_gflops']:.1f}", f"{100 * x['mfu']:.1f} %", f"{x['wall_s']:.1f}"]
+            for k, x in e.items() if isinstance(x, dict)]
+    parts.append(_table(["run", "settings", "steps", "tokens/s", "GFLOP/s",
+                         f"MFU (peak {r['peak_gflops_at_train_threads']:.1f} GFLOP/s)",
+                         "wall s"], rows))
+    parts.append(f"\nCurrent defaults: `optimizer_impl = {r['defaults']['optimizer_impl']}`, "
+                 f"`compile = {r['defaults']['compile']}`; gain over the code before the fix: "
+                 f"{e['gain']:.2f}x tokens/s.\n")
+    return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+def section_rgc(r: dict | None) -> str:
+    if r is None:
+        return "## RGC async vs backprop\n\nNot run yet: `python bench/bench_rgc_sweep.py`.\n"
+    a = r["args"]
+    t = r["targets"]
+    parts = [
+        "## RGC async vs global backprop at equal total cores (`bench/bench_rgc_sweep.py`)\n",
+        f"Machine: {_machine(r['machine'])}. {_load_line(r)}.\n",
+        f"Model: {a['n_layers']} layers, d = {a['d_model']}, context {a['context']}, batch "
+        f"{a['batch_size']} in {a['micro_batches']} micro-batches, {a['steps']} steps, corpus "
+        f"{r['corpus']}; {a['repeats']} interleaved repeats per executor (medians), each run a "
+        "fresh process. Backprop always gets all the machine's cores; the async layout lists "
+        "the intra-op threads of each stage process. Memory: the project's peak RSS of the "
+        "process tree, and this benchmark's peak PSS of the tree (shared pages split).\n",
+    ]
+    rows = []
+    for x in r["rows"]:
+        md = x["median"]
+        rows.append([str(x["threads_per_stage"]) + (" (oversubscribed)"
+                                                     if x["async_oversubscribed"] else ""),
+                     x["backprop_threads"], f"{md['async']['tokens_per_s']:.0f}",
+                     f"{md['backprop']['tokens_per_s']:.0f}", f"{x['throughput_ratio']:.3f}",
+                     f"{md['async']['peak_rss_bytes'] / 2**20:.0f} / "
+                     f"{md['backprop']['peak_rss_bytes'] / 2**20:.0f}",
+                     f"{x['memory_ratio_rss']:.2f}", f"{x['memory_ratio_pss']:.2f}",
+                     _yes(x["meets_paper_target"])])
+    parts.append(_table(["async threads per stage", "backprop threads", "async tokens/s",
+                         "backprop tokens/s", "throughput ratio", "peak RSS MiB async / bp",
+                         "memory ratio (RSS)", "memory ratio (PSS)",
+                         f"target (>= {t['throughput_ratio_min']}x at <= "
+                         f"{t['memory_ratio_max']}x memory)"], rows))
+    parts.append(f"\nPaper: 1.382x throughput at {t['paper_memory_ratio']:.2f}x memory "
+                 "(31 cores, 24 layers).\n")
+    return "\n".join(parts) + "\n"
+
+
+def render() -> str:
+    head = ("# Performance\n\n"
+            "Generated by `bench/make_performance_doc.py` from `bench/results/*.json`, the last "
+            "run of each benchmark (commands in `bench/README.md`). Do not edit by hand: rerun "
+            "the benchmarks and this script.\n\n")
+    return head + "\n".join([section_scape(_load("scape_netns")), section_cpu(_load("cpu")),
+                             section_rgc(_load("rgc_sweep"))])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(DOC))
+    args = ap.parse_args(argv)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(render())
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
