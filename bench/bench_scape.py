@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import socket
 import statistics
 import time
 
@@ -27,14 +26,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from lmrepro.dist.runtime import free_port
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import SCAPE, AdamS, DenseDP, TopKEF
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _build(method: str, model: torch.nn.Module, lr: float):
@@ -102,7 +96,7 @@ def main() -> None:
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, args.world, port, args, q))
              for r in range(args.world)]
     for p in procs:

@@ -9,7 +9,6 @@ import math
 import multiprocessing as mp
 import os
 import queue
-import socket
 import traceback
 from typing import Any, Callable
 
@@ -17,11 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from lmrepro.dist.runtime import free_port
 
 
 def _entry(fn: Callable, rank: int, world: int, port: int, q: Any, args: tuple,

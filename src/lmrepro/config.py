@@ -209,17 +209,13 @@ class Params(_Strict):
 
     @model_validator(mode="after")
     def _corpora_prepared(self) -> "Params":
-        for i, name in enumerate(self.train.corpora):
+        used = [(f"train.corpora[{i}]", c) for i, c in enumerate(self.train.corpora)]
+        used += [(f"rgc.corpora[{i}]", c) for i, c in enumerate(self.rgc.corpora)]
+        used.append(("scape.corpus", self.scape.corpus))
+        for key, name in used:
             if name not in self.data.use:
-                raise ValueError(f"train.corpora[{i}] = {name!r} is not prepared by this "
-                                 f"profile (data.use = {self.data.use})")
-        for i, name in enumerate(self.rgc.corpora):
-            if name not in self.data.use:
-                raise ValueError(f"rgc.corpora[{i}] = {name!r} is not prepared by this "
-                                 f"profile (data.use = {self.data.use})")
-        if self.scape.corpus not in self.data.use:
-            raise ValueError(f"scape.corpus = {self.scape.corpus!r} is not prepared by this "
-                             f"profile (data.use = {self.data.use})")
+                raise ValueError(f"{key} = {name!r} is not prepared by this profile "
+                                 f"(data.use = {self.data.use})")
         return self
 
 

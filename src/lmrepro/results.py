@@ -18,6 +18,7 @@ checkpointed step).
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,12 @@ from lmrepro.io import atomic_write_json, read_json, read_jsonl
 SUMMARY = "summary.json"
 EVAL_LOSSES = "eval_losses.json"
 METRICS = "metrics.jsonl"
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set of this process so far, for ``summary.json``'s ``peak_rss_bytes``
+    (``ru_maxrss`` is in KiB on Linux). Multi-process runs add up their processes' figures."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def write_eval_losses(run_dir: str | Path, losses: list[float], batch_size: int, context: int

@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import psutil
 import torch
 from tqdm.auto import tqdm
 
@@ -28,7 +27,7 @@ from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl, atomic_torch_save, read_jsonl, torch_load
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
-from lmrepro.results import METRICS, write_eval_losses, write_summary
+from lmrepro.results import METRICS, peak_rss_bytes, write_eval_losses, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +213,7 @@ def train_single(model_cfg: ModelConfig, settings: TrainSettings, train_data: np
         "tokens": settings.steps * tokens_per_step, "final_bpb": final_bpb,
         "mean_step_time_s": elapsed / settings.steps,
         "tokens_per_s": settings.steps * tokens_per_step / max(elapsed, 1e-12),
-        "peak_rss_bytes": _peak_rss_bytes(), "seed": settings.seed,
+        "peak_rss_bytes": peak_rss_bytes(), "seed": settings.seed,
         "threads": settings.threads, "n_params": model.num_parameters(),
         "model": model_cfg.to_dict(), "settings": asdict(settings),
     }
@@ -222,13 +221,6 @@ def train_single(model_cfg: ModelConfig, settings: TrainSettings, train_data: np
     log.info("%s done: final %.4f bits/byte, %.0f tokens/s -> %s", name, final_bpb,
              summary["tokens_per_s"], out_dir)
     return summary
-
-
-def _peak_rss_bytes() -> int:
-    """Peak resident set of this process (ru_maxrss is in KiB on Linux)."""
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024 or psutil.Process().memory_info().rss
 
 
 def load_final_model(out_dir: str | Path, model_cfg: ModelConfig) -> ByteTransformer:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Iterator
@@ -21,6 +22,13 @@ import torch
 import torch.distributed as dist
 
 from lmrepro.errors import check
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for a local rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 DEFAULT_TIMEOUT_S = 60.0
 

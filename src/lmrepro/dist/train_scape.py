@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import shutil
 import signal
 import sys
@@ -40,7 +39,7 @@ from lmrepro.io import (append_jsonl, atomic_torch_save, atomic_write_json, atom
                         read_json, read_jsonl, torch_load)
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import MASK_SCORES, SCAPE, AdamS, DenseDP, TopKEF
-from lmrepro.results import METRICS, SUMMARY, write_eval_losses, write_summary
+from lmrepro.results import METRICS, SUMMARY, peak_rss_bytes, write_eval_losses, write_summary
 from lmrepro.data.batches import sample_batch
 from lmrepro.dist.runtime import (DistContext, DistributedFailure, collective_guard,
                                   init_from_env, report_failure, shutdown)
@@ -238,10 +237,6 @@ def _fault_step(rank: int) -> int | None:
     return int(step_s) if int(rank_s) == rank else None
 
 
-def _peak_rss_bytes() -> int:
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
 def train(cfg: ScapeTrainConfig) -> Path:
     """Run (or resume, or skip if finished) one distributed training run; returns the run dir."""
     cfg.validate()
@@ -328,7 +323,7 @@ def _train(cfg: ScapeTrainConfig, ctx: DistContext) -> Path:
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
             save_checkpoint(ctx, out, done, model, opt, gen)
 
-    rss = torch.tensor([_peak_rss_bytes()], dtype=torch.int64, device=ctx.device)
+    rss = torch.tensor([peak_rss_bytes()], dtype=torch.int64, device=ctx.device)
     if ctx.initialized:     # tensors on the device: NCCL cannot gather CPU tensors
         gathered = [torch.zeros(1, dtype=torch.int64, device=ctx.device)
                     for _ in range(ctx.world_size)]

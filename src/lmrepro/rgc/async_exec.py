@@ -32,7 +32,6 @@ import datetime
 import math
 import os
 import queue as queue_mod
-import socket
 import time
 import traceback
 from pathlib import Path
@@ -44,6 +43,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lmrepro.data.batches import sample_batch
+from lmrepro.dist.runtime import free_port
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
 from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
@@ -65,12 +65,6 @@ class StageWorkerError(RuntimeError):
         self.stage = stage
         self.detail = detail
         super().__init__(f"RGC async stage {stage} failed:\n{detail}")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(q: Any, stop: Any, timeout_s: float, what: str) -> Any:
