@@ -1,288 +1,200 @@
-"""The typed schema of ``params.yaml`` and its profiles.
+"""The one way a component declares its settings: a pydantic :class:`Section`.
 
-``params.yaml`` holds the default profile (2 CPU cores, ``dvc repro`` in about 15 minutes) at its
-top level, a ``profile`` key naming the active profile, and a ``profiles`` mapping of named
-overrides (``smoke`` for tests, ``paper`` for the papers' scale). The active configuration is the
-top level deep-merged with ``profiles[profile]``.
+Each component declares its configuration beside itself (``ModelConfig`` in ``model.py``,
+``BaselineConfig`` in ``baseline/config.py``, ``ScapeConfig`` in ``scape/config.py``,
+``RGCConfig`` in ``rgc/config.py``, the corpus specs in ``data/spec.py``); ``params.yaml`` composes
+them (:mod:`lmrepro.pipeline.params`), and the command-line flags of a trainer are generated from
+the same class (:func:`add_arguments`, :func:`from_arguments`, :func:`to_argv`): one source of
+names, types, defaults and help.
 
-Every stage validates the merged configuration before it does anything: an unknown key, a wrong
-type or an out-of-range value stops with the key path, the value and what is allowed, e.g.::
-
-    params.yaml (profile 'default'): train.steps = -3: Input should be greater than 0
-
-Why pydantic: strict, nested, with key paths in its errors; ``extra="forbid"`` turns a typo into
-an error instead of a silently ignored setting.
+Sections are strict (no coercion: ``'7'`` is not 7, ``yes`` is not 1), frozen and forbid unknown
+keys, so a typo is an error instead of a silently ignored setting. Building one with bad values
+raises :class:`lmrepro.errors.ConfigError` whose message names every key path, the value and the
+rule, e.g. ``rgc.horizon = 5: must be an integer in [1, rgc.n_stages = 4]``.
 """
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
-from typing import Any, Literal
+import argparse
+import json
+import types
+import typing
+from typing import Any, ClassVar, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lmrepro.errors import ConfigError, ParameterError
-from lmrepro.model import ModelConfig
+from lmrepro.errors import ConfigError
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
-
-
-class DataParams(_Strict):
-    """Where data lives and which corpora the active profile fetches and prepares."""
-
-    raw_dir: str = "data/raw"
-    prepared_dir: str = "data/prepared"
-    embedded_dir: str = "data/embedded"
-    use: list[str] = Field(min_length=1, description="corpora this profile fetches and prepares")
-    corpora: dict[str, dict[str, Any]] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _use_known(self) -> "DataParams":
-        for i, name in enumerate(self.use):
-            if name not in self.corpora:
-                raise ValueError(f"use[{i}] = {name!r} is not a corpus defined under "
-                                 f"data.corpora (known: {sorted(self.corpora)})")
-        return self
+__all__ = ["Section", "add_arguments", "config_error", "field_error", "from_arguments",
+           "format_validation_error", "to_argv"]
 
 
-class ModelParams(_Strict):
-    n_layers: int = Field(ge=1)
-    d_model: int = Field(ge=8)
-    n_heads: int = Field(ge=1)
-    context: int = Field(ge=2)
-    mlp_ratio: int = Field(default=4, ge=1)
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    tie_embeddings: bool = False
+def field_error(field: str, value: Any, allowed: str) -> ValueError:
+    """A cross-field rule's failure, worded like every other message: ``field = value: rule``.
 
-    @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelParams":
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads = {self.n_heads} must divide d_model = {self.d_model}")
-        return self
-
-    def config(self) -> ModelConfig:
-        return ModelConfig(**self.model_dump())
+    Raise it from a ``model_validator``; :func:`format_validation_error` prefixes the section's
+    key path."""
+    return ValueError(f"{field} = {value!r}: {allowed}")
 
 
-class OptimParams(_Strict):
-    lr: float = Field(gt=0.0, le=1.0)
-    warmup_steps: int = Field(ge=0)
-    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
-    weight_decay: float = Field(default=0.1, ge=0.0)
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
-    grad_clip: float = Field(default=1.0, ge=0.0, description="0 disables clipping")
-
-
-class TrainParams(OptimParams):
-    """Single-process global-backprop training (the baseline trainer)."""
-
-    corpora: list[str] = Field(min_length=1)
-    steps: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
-    eval_every: int = Field(ge=1)
-    eval_batches: int = Field(ge=1)
-    eval_batch_size: int = Field(ge=1)
-    checkpoint_every: int = Field(ge=1)
-    log_every: int = Field(default=10, ge=1)
-    threads: int = Field(ge=1)
-    optimizer_impl: Literal["loop", "foreach", "fused"] = Field(
-        default="fused", description="torch AdamW kernels; fused measured fastest (docs/performance.md)")
-    compile: bool = Field(default=False, description="torch.compile the forward pass")
-
-
-class ScapeRun(_Strict):
-    name: str = Field(min_length=1)
-    optimizer: Literal["adamw", "adams", "scape", "topk"]
-    sparsity: float = Field(default=0.0, ge=0.0, lt=1.0)
-
-    @model_validator(mode="after")
-    def _dense_is_dense(self) -> "ScapeRun":
-        if self.optimizer in ("adamw", "adams") and self.sparsity != 0.0:
-            raise ValueError(f"sparsity = {self.sparsity} must be 0 for the dense optimizer "
-                             f"{self.optimizer!r}")
-        return self
-
-
-class ScapeParams(_Strict):
-    """The SCAPE comparison (``train-scape`` under torchrun; see docs/scape.md).
-
-    Every key but ``world_size`` and ``runs`` is the ``train-scape`` option of the same name.
-    """
-
-    corpus: str
-    world_size: int = Field(default=2, ge=1)
-    steps: int = Field(ge=1)
-    batch_size: int = Field(ge=1, description="per worker")
-    lr: float = Field(gt=0.0, le=1.0)
-    warmup: int = Field(ge=0)
-    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
-    eps: float = Field(default=1e-8, gt=0.0)
-    eval_batches: int = Field(ge=1)
-    eval_batch_size: int = Field(ge=1)
-    checkpoint_every: int = Field(default=50, ge=0, description="0 disables checkpoints")
-    timeout_s: float = Field(default=60.0, gt=0.0)
-    threads: int = Field(default=1, ge=1, description="per worker")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    mask_score: Literal["m_abs", "m_over_sqrt_v"] = "m_abs"
-    model: ModelParams | None = Field(default=None, description="default: the top-level model")
-    runs: list[ScapeRun] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> "ScapeParams":
-        names = [r.name for r in self.runs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"run names {names} must be unique")
-        return self
-
-
-class RGCParams(_Strict):
-    """The RGC comparison: async RGC, sync RGC and global backprop per corpus (docs/rgc.md).
-
-    Every key but ``corpora`` and ``executors`` is the :class:`lmrepro.rgc.RGCConfig` field of
-    the same name (which checks the cross-field rules: stages divide layers, horizon range,
-    micro-batches divide the batch, one thread count per stage).
-    """
-
-    corpora: list[str] = Field(min_length=1)
-    executors: list[Literal["async", "sync", "backprop"]] = Field(min_length=1)
-    n_layers: int = Field(ge=1)
-    n_stages: int = Field(ge=1)
-    horizon: int = Field(default=1, ge=1)
-    d_model: int = Field(ge=8)
-    n_heads: int = Field(ge=1)
-    context: int = Field(ge=2)
-    mlp_ratio: int = Field(default=4, ge=1)
-    lr: float = Field(gt=0.0, le=1.0)
-    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
-    warmup_steps: int = Field(ge=0)
-    weight_decay: float = Field(default=0.1, ge=0.0)
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
-    eps: float = Field(default=1e-8, gt=0.0)
-    steps: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
-    micro_batches: int = Field(default=4, ge=1)
-    threads_per_stage: list[int] | None = None
-    backprop_threads: int | None = Field(default=None, ge=1)
-    queue_size: int = Field(default=2, ge=1)
-    eval_batch_size: int = Field(ge=1)
-    eval_batches: int = Field(ge=1)
-    eval_interval: int = Field(default=0, ge=0)
-    checkpoint_interval: int = Field(default=50, ge=0)
-    worker_timeout_s: float = Field(default=300.0, gt=0.0)
-
-    def config(self, seed: int):  # -> lmrepro.rgc.RGCConfig
-        from lmrepro.rgc import RGCConfig
-
-        fields = self.model_dump(exclude={"corpora", "executors"})
-        if fields["threads_per_stage"] is not None:
-            fields["threads_per_stage"] = tuple(fields["threads_per_stage"])
-        return RGCConfig(seed=seed, **fields)
-
-
-class StatsParams(_Strict):
-    margin: float = Field(default=0.01, gt=0.0, lt=1.0)
-    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
-    n_resamples: int = Field(default=10000, ge=100)
-    seed: int = 0
-
-
-class Params(_Strict):
-    """The whole validated configuration of one profile."""
-
-    profile: str
-    seed: int = Field(ge=0)
-    data: DataParams
-    model: ModelParams
-    train: TrainParams
-    scape: ScapeParams
-    rgc: RGCParams
-    stats: StatsParams = StatsParams()
-
-    @model_validator(mode="after")
-    def _corpora_prepared(self) -> "Params":
-        used = [(f"train.corpora[{i}]", c) for i, c in enumerate(self.train.corpora)]
-        used += [(f"rgc.corpora[{i}]", c) for i, c in enumerate(self.rgc.corpora)]
-        used.append(("scape.corpus", self.scape.corpus))
-        for key, name in used:
-            if name not in self.data.use:
-                raise ValueError(f"{key} = {name!r} is not prepared by this profile "
-                                 f"(data.use = {self.data.use})")
-        return self
-
-
-def deep_merge(base: dict, override: dict) -> dict:
-    """``base`` with ``override`` merged in; nested dicts merge, anything else replaces."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def resolve_profile(raw: dict, profile: str | None = None) -> dict:
-    """The top level of ``raw`` merged with the named profile's overrides."""
-    raw = dict(raw)
-    profiles = raw.pop("profiles", {}) or {}
-    name = profile or raw.get("profile", "default")
-    if name != "default":
-        if name not in profiles:
-            raise ParameterError("profile", name,
-                                 f"must be 'default' or one of {sorted(profiles)}")
-        raw = deep_merge(raw, profiles[name])
-    raw["profile"] = name
-    return raw
-
-
-def _format_errors(err: ValidationError, where: str) -> str:
+def format_validation_error(err: ValidationError, prefix: str = "", where: str = "") -> str:
+    """Every problem of ``err`` on its own line: ``[where: ]key.path = value: rule``."""
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "<top>"
+        loc = [prefix] if prefix else []
+        loc += [str(p) for p in e["loc"]]
+        path = ".".join(loc)
+        msg = str(e["msg"]).removeprefix("Value error, ")
         value = e.get("input")
-        shown = repr(value) if not isinstance(value, dict) else "{...}"
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        lines.append(f"{where}: {path} = {shown}: {e['msg']}")
+        if e["type"] == "value_error" and isinstance(value, dict):
+            # a cross-field rule: its message already says ``field = value: rule``
+            text = f"{path}.{msg}" if path else msg
+        else:
+            shown = "{...}" if isinstance(value, dict) else repr(value)
+            if len(shown) > 80:
+                shown = shown[:77] + "..."
+            text = f"{path or '<top>'} = {shown}: {msg}"
+        lines.append(f"{where}: {text}" if where else text)
     return "\n".join(lines)
 
 
-def load_params(path: str | Path = "params.yaml", profile: str | None = None) -> Params:
-    """Read, merge and validate ``params.yaml``; raise :class:`ParameterError` on bad input."""
-    path = Path(path)
-    if not path.exists():
-        raise ParameterError("params_file", str(path), "must be an existing YAML file")
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    if not isinstance(raw, dict):
-        raise ParameterError("params_file", str(path), "must hold a YAML mapping at top level")
-    merged = resolve_profile(raw, profile)
-    where = f"{path} (profile {merged['profile']!r})"
-    try:
-        params = Params.model_validate(merged)
-    except ValidationError as err:
-        first = err.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(key, first.get("input"), _format_errors(err, where)) from None
-    _validate_sections(params, where)
-    return params
+def config_error(err: ValidationError, prefix: str = "", where: str = "") -> ConfigError:
+    """:class:`ConfigError` for a pydantic error: the first key path, its value, every line."""
+    first = err.errors()[0]
+    key = ".".join([prefix] * bool(prefix) + [str(p) for p in first["loc"]])
+    return ConfigError(key, first.get("input"), format_validation_error(err, prefix, where))
 
 
-def _validate_sections(params: Params, where: str) -> None:
-    """Sections owned by other domains validate with their own schema (see those modules)."""
-    from lmrepro.data import validate_corpus_spec
+class Section(BaseModel):
+    """Base of every configuration class: strict, frozen, no unknown keys, clear errors.
 
-    try:
-        for name, spec in params.data.corpora.items():
-            validate_corpus_spec(name, spec)
-        params.rgc.config(params.seed)
-    except ParameterError as err:
-        raise ConfigError(err.name, err.value, f"{where}: {err}") from None
+    ``key`` is the section's path in ``params.yaml`` (``"rgc"``, ``"model"``): messages of a
+    directly built section start with it, as they do when the whole file is validated.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+                              validate_default=True)
+    key: ClassVar[str] = ""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise config_error(err, self.key) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values (tuples become lists), as written into run records."""
+        return json.loads(self.model_dump_json())
+
+    def replace(self, **changes: Any) -> "Section":
+        """A validated copy with ``changes`` applied."""
+        return type(self)(**{**self.model_dump(), **changes})
+
+
+# ------------------------------------------------------------------------------------------------
+# command-line flags generated from a Section
+# ------------------------------------------------------------------------------------------------
+
+_ABSENT = object()
+
+
+def _flag(name: str, prefix: str) -> str:
+    return "--" + (prefix + name).replace("_", "-")
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """``(inner type, optional)`` of ``X | None``."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def _is_section(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type[BaseModel], prefix: str = "",
+                  exclude: typing.Collection[str] = ()) -> None:
+    """One flag per field of ``cls`` (nested sections get ``--<field>-<subfield>`` flags).
+
+    Flags default to "not given", so only what the user types overrides the section's own
+    defaults (which :func:`from_arguments` then validates like any other input).
+    """
+    for name, field in cls.model_fields.items():
+        if name in exclude:
+            continue
+        t, optional = _unwrap(field.annotation)
+        if _is_section(t):
+            add_arguments(parser, t, prefix=f"{prefix}{name}_")
+            continue
+        default = "required" if field.is_required() else f"default {field.default!r}"
+        help_text = f"{field.description + '; ' if field.description else ''}{default}"
+        kw: dict[str, Any] = {"dest": prefix + name, "default": _ABSENT, "help": help_text}
+        origin = typing.get_origin(t)
+        if t is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif origin is Literal:
+            kw["choices"] = list(typing.get_args(t))
+            kw["type"] = type(kw["choices"][0])
+        elif origin in (list, tuple):
+            inner = typing.get_args(t)[0]
+            kw["nargs"] = "+"
+            kw["type"] = inner
+        elif t in (int, float, str):
+            kw["type"] = t
+        else:
+            kw["type"] = json.loads
+            kw["help"] += " (JSON)"
+        if optional and t is not bool:
+            kw["help"] += "; 'null' for none"
+            inner_type = kw.get("type", str)
+            kw["type"] = (lambda s, f=inner_type: None if s == "null" else f(s))
+        parser.add_argument(_flag(name, prefix), **kw)
+
+
+def from_arguments(cls: type[Section], args: argparse.Namespace, base: dict | None = None,
+                   prefix: str = "") -> Any:
+    """Build ``cls`` from the flags the user gave (over ``base``), validated."""
+    values: dict[str, Any] = dict(base or {})
+    for name, field in cls.model_fields.items():
+        t, _ = _unwrap(field.annotation)
+        if _is_section(t):
+            nested = from_arguments(t, args, values.get(name), prefix=f"{prefix}{name}_")
+            if nested is not None or name in values:
+                values[name] = nested
+            continue
+        given = getattr(args, prefix + name, _ABSENT)
+        if given is not _ABSENT:
+            origin = typing.get_origin(t)
+            values[name] = tuple(given) if origin is tuple and given is not None else given
+    if prefix and not any(getattr(args, prefix + n, _ABSENT) is not _ABSENT
+                          for n in cls.model_fields) and not base:
+        return None
+    return cls(**values)
+
+
+def to_argv(obj: BaseModel, prefix: str = "", exclude: typing.Collection[str] = ()) -> list[str]:
+    """The flags that rebuild ``obj`` with :func:`from_arguments` (every field, explicitly)."""
+    argv: list[str] = []
+    for name in type(obj).model_fields:
+        if name in exclude:
+            continue
+        value = getattr(obj, name)
+        if isinstance(value, BaseModel):
+            argv += to_argv(value, prefix=f"{prefix}{name}_")
+            continue
+        flag = _flag(name, prefix)
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif value is None:
+            argv += [flag, "null"]
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)]
+        elif isinstance(value, (int, float, str)):
+            argv += [flag, repr(value) if isinstance(value, float) else str(value)]
+        else:
+            argv += [flag, json.dumps(value, sort_keys=True)]
+    return argv

@@ -1,32 +1,22 @@
 """One error type for bad input, so every message has the same shape.
 
 A message always names the parameter, the bad value and what is allowed, e.g.
-``train.steps = -3: must be an integer >= 1``.
+``train.steps = -3: must be an integer >= 1``. :class:`ParameterError` and :func:`check` are
+defined by the standalone optimizer library (:mod:`lmrepro.optim.errors`, which may import
+nothing else of the package) and used everywhere.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from lmrepro.optim.errors import ParameterError, check
 
-class ParameterError(ValueError):
-    """A parameter, file or input that the caller can fix."""
-
-    def __init__(self, name: str, value: Any, allowed: str) -> None:
-        self.name = name
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{name} = {value!r}: {allowed}")
-
-
-def check(condition: bool, name: str, value: Any, allowed: str) -> None:
-    """Raise :class:`ParameterError` unless ``condition`` holds."""
-    if not condition:
-        raise ParameterError(name, value, allowed)
+__all__ = ["ConfigError", "ParameterError", "check"]
 
 
 class ConfigError(ParameterError):
-    """A bad ``params.yaml``: the message lists every offending key path with value and rule."""
+    """A bad configuration: the message lists every offending key path with value and rule."""
 
     def __init__(self, name: str, value: Any, message: str) -> None:
         self.name = name

@@ -15,55 +15,39 @@ can read out from any depth.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 
-from lmrepro.errors import check
+from lmrepro.config import Section, field_error
 
 VOCAB_SIZE = 256
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape of the byte-level transformer.
+class ModelConfig(Section):
+    """Shape of the byte-level transformer (the ``model:`` section of ``params.yaml``)."""
 
-    Attributes:
-        n_layers: number of transformer blocks.
-        d_model: width of the residual stream.
-        n_heads: attention heads; must divide ``d_model``.
-        context: maximum sequence length (learned position embeddings).
-        mlp_ratio: hidden width of the MLP as a multiple of ``d_model``.
-        dropout: dropout probability (0 for the replication runs: determinism).
-        tie_embeddings: tie the output projection to the input embedding.
-    """
+    key: ClassVar[str] = "model"
 
-    n_layers: int = 4
-    d_model: int = 128
-    n_heads: int = 4
-    context: int = 128
-    mlp_ratio: int = 4
-    dropout: float = 0.0
-    tie_embeddings: bool = False
+    n_layers: int = Field(default=4, ge=1, description="number of transformer blocks")
+    d_model: int = Field(default=128, ge=8, description="width of the residual stream")
+    n_heads: int = Field(default=4, ge=1, description="attention heads; must divide d_model")
+    context: int = Field(default=128, ge=2, description="maximum sequence length (learned "
+                         "position embeddings)")
+    mlp_ratio: int = Field(default=4, ge=1, description="MLP hidden width / d_model")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0,
+                           description="dropout probability (0 for the replication: determinism)")
+    tie_embeddings: bool = Field(default=False, description="tie the output projection to the "
+                                 "input embedding")
 
-    def __post_init__(self) -> None:
-        check(isinstance(self.n_layers, int) and self.n_layers >= 1, "model.n_layers",
-              self.n_layers, "must be an integer >= 1")
-        check(isinstance(self.d_model, int) and self.d_model >= 1, "model.d_model",
-              self.d_model, "must be an integer >= 1")
-        check(isinstance(self.n_heads, int) and self.n_heads >= 1
-              and self.d_model % self.n_heads == 0, "model.n_heads", self.n_heads,
-              f"must be an integer >= 1 that divides model.d_model = {self.d_model}")
-        check(isinstance(self.context, int) and self.context >= 1, "model.context",
-              self.context, "must be an integer >= 1")
-        check(isinstance(self.mlp_ratio, int) and self.mlp_ratio >= 1, "model.mlp_ratio",
-              self.mlp_ratio, "must be an integer >= 1")
-        check(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "must be in [0, 1)")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelConfig":
+        if self.d_model % self.n_heads:
+            raise field_error("n_heads", self.n_heads, f"must divide d_model = {self.d_model}")
+        return self
 
 
 class CausalSelfAttention(nn.Module):

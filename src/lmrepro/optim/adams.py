@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from lmrepro.errors import check
+from .errors import check
 
 
 def check_hyperparameters(lr: float, betas: tuple[float, float], eps: float,

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from lmrepro.errors import ParameterError, check
+from .errors import ParameterError, check
 
 KINDS = ("grad_values", "param_values", "mask")
 
@@ -203,6 +203,31 @@ class ShardLayout:
         return rank * self.shard, (rank + 1) * self.shard
 
 
+def grads_to_flat(params: Iterable[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """Copy every ``p.grad`` (zeros where it is None) into ``out`` in order; returns ``out``."""
+    off = 0
+    for p in params:
+        k = p.numel()
+        if p.grad is None:
+            out[off:off + k].zero_()
+        else:
+            out[off:off + k].copy_(p.grad.reshape(-1))
+        off += k
+    return out
+
+
+def flat_to_grads(flat: torch.Tensor, params: Iterable[torch.Tensor]) -> None:
+    """Write consecutive slices of ``flat`` into the parameters' gradients (allocating them)."""
+    off = 0
+    for p in params:
+        k = p.numel()
+        if p.grad is None:
+            p.grad = flat[off:off + k].view_as(p).clone()
+        else:
+            p.grad.copy_(flat[off:off + k].view_as(p.grad))
+        off += k
+
+
 class FlatParams:
     """One contiguous buffer holding every parameter; each ``p.data`` becomes a view into it.
 
@@ -226,11 +251,7 @@ class FlatParams:
 
     def gather_grads(self, out: torch.Tensor) -> torch.Tensor:
         """Copy the gradients into ``out[:n]`` (``out`` zero beyond ``n``)."""
-        off = 0
-        for p, k in zip(self.params, self.numels):
-            out[off:off + k].copy_(p.grad.reshape(-1))
-            off += k
-        return out
+        return grads_to_flat(self.params, out)
 
     def check_still_bound(self, who: str) -> None:
         """Detect a model moved / re-created after the optimizer was built."""
@@ -242,8 +263,15 @@ class FlatParams:
 
 
 # ---------------------------------------------------------------------------------------------
-# mask encoding
+# masks: selection and encoding
 # ---------------------------------------------------------------------------------------------
+def select_topk_sorted(score: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` largest scores, sorted ascending (a canonical, deterministic order)."""
+    if k >= score.numel():
+        return torch.arange(score.numel(), device=score.device)
+    return torch.topk(score, k, sorted=False).indices.sort().values
+
+
 def mask_encoding(size: int, k: int) -> str:
     """``"index"`` (k int32) or ``"bitmap"`` (ceil(size/8) bytes), whichever is smaller."""
     return "index" if 4 * k <= -(-size // 8) else "bitmap"
@@ -312,16 +340,10 @@ class DenseDP:
     def step(self) -> None:
         check_grads(self.params, self.names, "DenseDP")
         self.comm.begin_step()
-        off = 0
-        for p in self.params:
-            self._buf[off:off + p.numel()].copy_(p.grad.reshape(-1))
-            off += p.numel()
+        grads_to_flat(self.params, self._buf)
         self.comm.all_reduce_(self._buf, "grad_values")
         self._buf.div_(self.comm.world)
-        off = 0
-        for p in self.params:
-            p.grad.copy_(self._buf[off:off + p.numel()].view_as(p.grad))
-            off += p.numel()
+        flat_to_grads(self._buf, self.params)
         self.optimizer.step()
         self.comm.end_step()
 
@@ -343,5 +365,3 @@ def check_same_size(comm: Comm, values: list[int], device: torch.device, who: st
                              "must be identical on every rank of the process group (same model, "
                              "same parameter list, same sparsity)")
 
-
-ScoreFn = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]

@@ -41,11 +41,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from lmrepro.errors import ParameterError, check
-from lmrepro.optim.adams import adams_update, check_hyperparameters
-from lmrepro.optim.comm import (Comm, FlatParams, ShardLayout, check_grads, check_params,
-                                check_same_size, check_sparsity, decode_mask, encode_mask,
-                                keep_count, mask_encoding, split_named)
+from .adams import adams_update, check_hyperparameters
+from .comm import (Comm, FlatParams, ShardLayout, check_grads, check_params, check_same_size,
+                   check_sparsity, decode_mask, encode_mask, encoded_nbytes, keep_count,
+                   mask_encoding, select_topk_sorted, split_named)
+from .errors import ParameterError, check
 
 MaskScore = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
@@ -68,13 +68,6 @@ MASK_SCORES: dict[str, tuple[MaskScore, bool]] = {
     "m_abs": (score_m_abs, False),
     "m_over_sqrt_v": (score_m_over_sqrt_v, True),
 }
-
-
-def select_topk_sorted(score: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the ``k`` largest scores, sorted ascending (a canonical, deterministic order)."""
-    if k >= score.numel():
-        return torch.arange(score.numel(), device=score.device)
-    return torch.topk(score, k, sorted=False).indices.sort().values
 
 
 class SCAPE(torch.optim.Optimizer):
@@ -168,7 +161,7 @@ class SCAPE(torch.optim.Optimizer):
         else:
             grad, par = lay.world * self.k * vb, self.k * pb
         sparse_mask = self.k < lay.shard
-        mask = (4 * self.k if self.mask_kind == "index" else -(-lay.shard // 8)) if sparse_mask else 0
+        mask = encoded_nbytes(lay.shard, self.k) if sparse_mask else 0
         return {"grad_values": grad, "param_values": par, "mask": mask,
                 "total": grad + par + mask}
 

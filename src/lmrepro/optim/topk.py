@@ -18,12 +18,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from lmrepro.errors import check
-from lmrepro.optim.adams import check_hyperparameters
-from lmrepro.optim.comm import (Comm, check_grads, check_params, check_same_size,
-                                check_sparsity, decode_mask, encode_mask, keep_count,
-                                mask_encoding, split_named)
-from lmrepro.optim.scape import select_topk_sorted
+from .adams import check_hyperparameters
+from .comm import (Comm, check_grads, check_params, check_same_size, check_sparsity,
+                   decode_mask, encode_mask, encoded_nbytes, flat_to_grads, grads_to_flat,
+                   keep_count, mask_encoding, select_topk_sorted, split_named)
+from .errors import check
 
 
 class TopKEF(torch.optim.AdamW):
@@ -65,7 +64,7 @@ class TopKEF(torch.optim.AdamW):
 
     def expected_bytes(self) -> dict[str, int]:
         grad = 4 * self.k
-        mask = 4 * self.k if self.mask_kind == "index" else -(-self.n // 8)
+        mask = encoded_nbytes(self.n, self.k)
         return {"grad_values": grad, "param_values": 0, "mask": mask, "total": grad + mask}
 
     @torch.no_grad()
@@ -77,11 +76,7 @@ class TopKEF(torch.optim.AdamW):
         check_grads(self._params, self._names, "TopKEF")
         comm = self.comm
         comm.begin_step()
-        off = 0
-        for p in self._params:
-            self.residual[off:off + p.numel()].add_(p.grad.reshape(-1))
-            off += p.numel()
-        a = self.residual
+        a = self.residual.add_(grads_to_flat(self._params, self._dense))
         idx = select_topk_sorted(a.abs(), self.k)
         vals = a[idx]
         a.index_fill_(0, idx, 0.0)
@@ -93,10 +88,7 @@ class TopKEF(torch.optim.AdamW):
         for j in range(comm.world):
             dense.index_add_(0, decode_mask(idx_parts[j], self.n, self.mask_kind), val_parts[j])
         dense.div_(comm.world)
-        off = 0
-        for p in self._params:
-            p.grad.copy_(dense[off:off + p.numel()].view_as(p.grad))
-            off += p.numel()
+        flat_to_grads(dense, self._params)
         super().step()
         comm.end_step()
         return loss
