@@ -30,11 +30,26 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+from pydantic import Field
 from scipy import stats as sps
 
+from lmrepro.config import Section
 from lmrepro.errors import ParameterError, check
 
 METHODS = ("BCa", "percentile")
+
+
+class StatsConfig(Section):
+    """The ``stats:`` section: the non-inferiority test's settings (DESIGN.md)."""
+
+    key = "stats"
+
+    margin: float = Field(default=0.01, gt=0.0, lt=1.0, description="non-inferiority margin on "
+                          "the mean relative difference (0.01 = 1 %)")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="one-sided confidence "
+                              "of the upper bound")
+    n_resamples: int = Field(default=10000, ge=100, description="bootstrap resamples")
+    seed: int = Field(default=0, ge=0, description="bootstrap seed")
 
 # Above this many resampled values (n_resamples * n_pairs) the bootstrap runs in batches so the
 # resample index matrix stays small (the batches draw from the same rng, one after another).

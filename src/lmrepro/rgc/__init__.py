@@ -2,28 +2,32 @@
 
 DESIGN.md, "RGC, reference design"; docs/rgc.md describes this implementation. Public API:
 
-* :class:`RGCConfig`: model shape, stage cut, horizon, optimizer, threads, eval, checkpoints;
-* :func:`train`: one run with the ``"sync"``, ``"async"`` or ``"backprop"`` executor;
-* :func:`run_suite`: the notebook's runs, skipping finished ones;
-* :func:`consensus_decoder_grad`: the consensus (mean of the stages' readout gradients);
-* the math in :mod:`lmrepro.rgc.stages`.
+* :class:`RGCConfig` (one run) and :class:`RGCSuite` (the ``rgc:`` section), in
+  :mod:`~lmrepro.rgc.config`;
+* :func:`train` (:mod:`~lmrepro.rgc.runner`): one run with the ``"sync"``, ``"async"`` or
+  ``"backprop"`` executor;
+* the math (stage cut, horizon, consensus) in :mod:`~lmrepro.rgc.stages`; the executors in
+  :mod:`~lmrepro.rgc.sync` and :mod:`~lmrepro.rgc.async_`; the pipeline stage in
+  :mod:`~lmrepro.rgc.stage`; the paper's claims in :mod:`~lmrepro.rgc.claims`.
+
+Names are imported lazily, so reading the configuration (``lmrepro.rgc.config``) does not load
+the executors.
 """
 
-from lmrepro.rgc.common import TrainResult
-from lmrepro.rgc.config import EXECUTORS, RGCConfig, ThreadOversubscriptionWarning
-from lmrepro.rgc.stages import (accumulate_rgc_grads, consensus_decoder_grad, horizon_window,
-                                stage_bounds, stage_local_grads)
-from lmrepro.rgc.runner import run_suite, train
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "EXECUTORS", "RGCConfig", "StageWorkerError", "ThreadOversubscriptionWarning",
-    "TrainResult", "accumulate_rgc_grads", "consensus_decoder_grad", "horizon_window",
-    "run_suite", "stage_bounds", "stage_local_grads", "train",
-]
+_EXPORTS = {
+    "EXECUTORS": "config", "RGCConfig": "config", "RGCSuite": "config",
+    "ThreadOversubscriptionWarning": "config", "TrainResult": "common", "train": "runner",
+    "StageWorkerError": "async_", "accumulate_rgc_grads": "stages",
+    "consensus_decoder_grad": "stages", "horizon_window": "stages", "stage_bounds": "stages",
+    "stage_local_grads": "stages",
+}
+__all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):  # lazy: importing torch.distributed only when needed
-    if name == "StageWorkerError":
-        from lmrepro.rgc.async_exec import StageWorkerError
-        return StageWorkerError
-    raise AttributeError(name)
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(f"lmrepro.rgc.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'lmrepro.rgc' has no attribute {name!r}")

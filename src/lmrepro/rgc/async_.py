@@ -43,13 +43,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lmrepro.data.batches import sample_batch
-from lmrepro.dist.runtime import free_port
+from lmrepro.distributed import free_port
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
+from lmrepro.optim.comm import flat_to_grads, grads_to_flat
 from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
-                                evaluate, load_checkpoint, lr_at, make_adamw, make_summary,
-                                micro_batches, save_checkpoint, set_lr, state_from_bytes,
-                                state_to_bytes)
+                                evaluate, load_state, lr_at, make_adamw, make_summary,
+                                micro_batches, run_identity, save_state, set_lr,
+                                state_from_bytes, state_to_bytes)
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.memory import PeakRSSSampler
 from lmrepro.rgc.stages import (decoder_parameters, local_loss, run_stage, stage_bounds,
@@ -98,39 +99,26 @@ class _Stopped(Exception):
     """The parent asked this stage to stop (another stage failed)."""
 
 
-def _flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in params])
-
-
-def _unflatten_into_grads(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
-    off = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[off:off + n].view_as(p).clone()
-        off += n
-
-
-def _stage_worker(k: int, cfg_dict: dict, port: int, ckpt: bytes | None,
+def _stage_worker(k: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | None,
                   stop_step: int, train_data: np.ndarray | None, q_in: Any, q_out: Any,
                   results: Any, stop: Any, finish: Any, fault: tuple[int, int, str] | None
                   ) -> None:
     """Body of stage ``k``'s process; reports ``("ready"|"step"|"state"|"done"|"error", ...)``."""
     try:
-        cfg = RGCConfig.from_dict(cfg_dict)
+        cfg = RGCConfig(**cfg_dict)
         K, M = cfg.n_stages, cfg.micro_batches
         torch.set_num_threads(cfg.stage_threads[k])
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=k, world_size=K,
             timeout=datetime.timedelta(seconds=cfg.worker_timeout_s))
-        model = build_model(cfg)
+        model = build_model(cfg, seed)
         model.train()
         bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
         own = stage_parameters(model, bounds, k)
         names = stage_parameter_names(model, bounds, k)
         dec = decoder_parameters(model)
         opt_stage, opt_dec = make_adamw(own, cfg), make_adamw(dec, cfg)
-        gen = batch_generator(cfg) if k == 0 else None
+        gen = batch_generator(seed) if k == 0 else None
         start = 0
         if ckpt is not None:
             ck = state_from_bytes(ckpt)
@@ -142,6 +130,7 @@ def _stage_worker(k: int, cfg_dict: dict, port: int, ckpt: bytes | None,
             start = int(ck["step"])
             del ck
         dec_names = [f"decoder.{n}" for n, _ in model.decoder.named_parameters()]
+        dec_flat = torch.zeros(sum(p.numel() for p in dec))
         results.put(("ready", k, os.getpid()))
         scale = 1.0 / M
         tmo = cfg.worker_timeout_s
@@ -174,16 +163,16 @@ def _stage_worker(k: int, cfg_dict: dict, port: int, ckpt: bytes | None,
                 (loss * scale).backward()
                 losses.append(float(loss.detach()))
                 del h, inp
-            flat = _flat_grads(dec)
+            flat = grads_to_flat(dec, dec_flat)
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            _unflatten_into_grads(flat / K, dec)
+            flat_to_grads(flat / K, dec)
             opt_stage.step()
             opt_dec.step()
             done = step + 1
             results.put(("step", k, step, float(np.mean(losses)), time.perf_counter() - t0))
             want_state = done == stop_step or (
-                cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0) or (
-                cfg.eval_interval and done % cfg.eval_interval == 0)
+                cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or (
+                cfg.eval_every and done % cfg.eval_every == 0)
             if want_state:
                 sd = model.state_dict()
                 payload: dict[str, Any] = {
@@ -232,14 +221,14 @@ def _mp_context() -> Any:
         return mp.get_context("spawn")
     # torch._dynamo is imported by the first optimizer construction (~3 s per process)
     ctx.set_forkserver_preload(["torch", "torch._dynamo", "torch.optim", "torch.distributed",
-                                "lmrepro.rgc.async_exec"])
+                                "lmrepro.rgc.async_"])
     return ctx
 
 
 def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
                 out_dir: Path | None = None, corpus: str = "synthetic", name: str | None = None,
-                stop_after: int | None = None, fault: tuple[int, int, str] | None = None
-                ) -> TrainResult:
+                stop_after: int | None = None, fault: tuple[int, int, str] | None = None,
+                seed: int = 0) -> TrainResult:
     """Run the async executor; see :func:`lmrepro.rgc.train`. ``fault=(stage, step, kind)``
     injects a failure (``kind`` "raise", "exit" or "hang") for the reliability tests."""
     check(cfg.horizon == 1, "rgc.horizon", cfg.horizon,
@@ -247,17 +236,18 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
           "use executor='sync' for a horizon > 1")
     ctx = _mp_context()
     sampler = PeakRSSSampler().start()
-    ck = load_checkpoint(out_dir, cfg, "async")
+    identity = run_identity(cfg, "async", seed)
+    ck = load_state(out_dir, identity)
     start = int(ck["step"]) if ck is not None else 0
     ck_bytes = state_to_bytes(ck) if ck is not None else None
     del ck
     end = cfg.steps if stop_after is None else max(start, min(cfg.steps, stop_after))
     rec = Recorder(out_dir, start)
     K = cfg.n_stages
-    template = build_model(cfg)
+    template = build_model(cfg, seed)
     if end == start:
         return _finish_without_steps(cfg, template, out_dir, val_data, rec, start, sampler,
-                                     corpus, name)
+                                     corpus, name, seed, identity)
     queues = [ctx.Queue(maxsize=cfg.queue_size) for _ in range(K - 1)]
     results = ctx.Queue()
     stop, finish = ctx.Event(), ctx.Event()
@@ -266,7 +256,8 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
     for k in range(K):
         p = ctx.Process(
             target=_stage_worker, name=f"rgc-stage-{k}",
-            args=(k, cfg.to_dict(), port, ck_bytes, end, train_data if k == 0 else None,
+            args=(k, {n: getattr(cfg, n) for n in RGCConfig.model_fields}, seed, port, ck_bytes,
+                  end, train_data if k == 0 else None,
                   queues[k - 1] if k > 0 else None, queues[k] if k < K - 1 else None,
                   results, stop, finish, fault),
             daemon=True)
@@ -321,7 +312,7 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
                 if len(states[done_step]) == K:
                     parts = states.pop(done_step)
                     # the clock keeps running: the stages keep computing meanwhile
-                    _on_state(cfg, parts, done_step, out_dir, val_data, rec, template)
+                    _on_state(cfg, parts, done_step, out_dir, val_data, rec, template, identity)
                     if done_step == end:
                         final_parts = parts
             elif kind == "done":
@@ -338,30 +329,30 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
     check(final_parts is not None, "async run", "no final state", "stages must report a state")
     model_state, _, _ = _assemble(cfg, final_parts)  # type: ignore[arg-type]
     template.load_state_dict(model_state)
-    n_tokens = (end - start) * cfg.batch_size * cfg.context
-    tokens_per_s = n_tokens / clock.total if clock.total > 0 else float("nan")
     final_state = {n: v.detach().clone() for n, v in template.state_dict().items()}
     if end < cfg.steps:
-        peak = sampler.stop()
-        return TrainResult("async", tokens_per_s, peak, float("nan"), [], {}, rec.records,
-                           final_state, out_dir)
+        n_tokens = (end - start) * cfg.batch_size * cfg.context
+        tokens_per_s = n_tokens / clock.total if clock.total > 0 else 0.0
+        return TrainResult("async", tokens_per_s, sampler.stop(), float("nan"), [], {},
+                           rec.records, final_state, out_dir)
     eval_losses = evaluate(template, val_data, cfg)
     peak = sampler.stop()
-    summary = make_summary(cfg, "async", name, corpus, eval_losses, tokens_per_s, peak,
-                           rec.records, start, clock.total)
-    rec.finish(cfg, summary, eval_losses)
-    return TrainResult("async", tokens_per_s, peak, summary["final_bpb"], eval_losses, summary,
-                       rec.records, final_state, out_dir)
+    summary = rec.finish(cfg, make_summary(cfg, "async", name, corpus, seed, eval_losses, peak,
+                                           template.num_parameters(), rec.records, start,
+                                           clock.total), eval_losses)
+    return TrainResult("async", summary["tokens_per_s"], peak, summary["final_bpb"],
+                       eval_losses, summary, rec.records, final_state, out_dir)
 
 
 def _on_state(cfg: RGCConfig, parts: dict[int, dict], done: int, out_dir: Path | None,
-              val_data: np.ndarray, rec: Recorder, template: torch.nn.Module) -> None:
+              val_data: np.ndarray, rec: Recorder, template: torch.nn.Module,
+              identity: dict) -> None:
     """All K stages reported their state after step ``done``: checkpoint and/or evaluate."""
     model_state, optims, gen_state = _assemble(cfg, parts)
-    if out_dir is not None and cfg.checkpoint_interval and (
-            done % cfg.checkpoint_interval == 0 or done == cfg.steps):
-        save_checkpoint(out_dir, cfg, "async", done, model_state, optims, gen_state)
-    if cfg.eval_interval and done % cfg.eval_interval == 0 and done < cfg.steps:
+    if out_dir is not None and cfg.checkpoint_every and (
+            done % cfg.checkpoint_every == 0 or done == cfg.steps):
+        save_state(out_dir, identity, done, model_state, optims, gen_state)
+    if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
         template.load_state_dict(model_state)
         rec.log({"step": done - 1, "eval_bpb": bits_per_byte(evaluate(template, val_data,
                                                                          cfg))})
@@ -383,22 +374,18 @@ def _shutdown(procs: list, grace_s: float) -> None:
 
 def _finish_without_steps(cfg: RGCConfig, template: torch.nn.Module, out_dir: Path | None,
                           val_data: np.ndarray, rec: Recorder, start: int,
-                          sampler: PeakRSSSampler, corpus: str, name: str | None
-                          ) -> TrainResult:
-    """Resumed at the last step already: reload the checkpoint and re-evaluate."""
-    from lmrepro.io import read_json
-    from lmrepro.results import SUMMARY
-    ck = load_checkpoint(out_dir, cfg, "async")
+                          sampler: PeakRSSSampler, corpus: str, name: str | None, seed: int,
+                          identity: dict) -> TrainResult:
+    """Resumed at the last step already: reload the checkpoint, re-evaluate, and write the
+    summary from the recorded step times."""
+    ck = load_state(out_dir, identity)
     if ck is not None:
         template.load_state_dict(ck["model"])
-    tps = math.nan
-    if out_dir is not None and (Path(out_dir) / SUMMARY).exists():
-        tps = float(read_json(Path(out_dir) / SUMMARY).get("tokens_per_s", math.nan))
     eval_losses = evaluate(template, val_data, cfg)
     peak = sampler.stop()
-    summary = make_summary(cfg, "async", name, corpus, eval_losses, tps, peak, rec.records,
-                           start, 0.0)
-    rec.finish(cfg, summary, eval_losses)
-    return TrainResult("async", tps, peak, summary["final_bpb"], eval_losses, summary,
-                       rec.records, {n: v.clone() for n, v in template.state_dict().items()},
-                       out_dir)
+    summary = rec.finish(cfg, make_summary(cfg, "async", name, corpus, seed, eval_losses, peak,
+                                           template.num_parameters(), rec.records, start, 0.0),
+                         eval_losses)
+    return TrainResult("async", summary["tokens_per_s"], peak, summary["final_bpb"],
+                       eval_losses, summary, rec.records,
+                       {n: v.clone() for n, v in template.state_dict().items()}, out_dir)

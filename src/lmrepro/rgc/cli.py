@@ -13,63 +13,47 @@ and ``--val-file`` (raw byte files). Prints the run's summary as JSON.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-import typing
 from pathlib import Path
 
 import numpy as np
 
-from lmrepro.errors import check
-
-_ABSENT = object()
-
-
-def _field_type(f: dataclasses.Field) -> tuple[type, str | None]:
-    from lmrepro.rgc.config import RGCConfig
-
-    hints = typing.get_type_hints(RGCConfig)
-    t = hints[f.name]
-    args = [a for a in typing.get_args(t) if a is not type(None)]
-    if f.name == "threads_per_stage":
-        return int, "+"
-    if args:
-        t = args[0]
-    return t, None
+from lmrepro.config import add_arguments as add_config_arguments
+from lmrepro.config import from_arguments
+from lmrepro.errors import ParameterError, check
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``train-rgc`` flags: the run's location and one per :class:`RGCConfig` field."""
     from lmrepro.rgc.config import EXECUTORS, RGCConfig
 
     p.add_argument("--executor", default="async", choices=EXECUTORS)
     p.add_argument("--out", required=True, help="run directory (results layout; resumes)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation and batch order")
     p.add_argument("--corpus", default="", help="corpus name recorded in summary.json")
     p.add_argument("--name", default=None, help="run name (default rgc-<executor> / backprop)")
     p.add_argument("--corpus-dir", default=None, help="prepared corpus with train/val splits")
     p.add_argument("--train-file", default=None, help="raw training bytes")
     p.add_argument("--val-file", default=None, help="raw validation bytes")
-    p.add_argument("--config-json", default=None, help="RGCConfig fields as a JSON object")
-    for f in dataclasses.fields(RGCConfig):
-        t, nargs = _field_type(f)
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=t, nargs=nargs,
-                       default=_ABSENT, help=f"RGCConfig.{f.name} (default {f.default!r})")
+    p.add_argument("--config-json", default=None, help="RGCConfig fields as a JSON object "
+                   "(flags given explicitly override it)")
+    add_config_arguments(p, RGCConfig)
 
 
 def config_from_args(args: argparse.Namespace):  # -> RGCConfig
     from lmrepro.rgc.config import RGCConfig
 
-    fields: dict = {}
+    base: dict = {}
     if args.config_json:
         try:
-            fields.update(json.loads(args.config_json))
+            base = json.loads(args.config_json)
         except json.JSONDecodeError as err:
-            check(False, "--config-json", args.config_json, f"must be a JSON object ({err})")
-    for f in dataclasses.fields(RGCConfig):
-        v = getattr(args, f.name, _ABSENT)
-        if v is not _ABSENT:
-            fields[f.name] = v
-    return RGCConfig.from_dict(fields)
+            raise ParameterError("--config-json", args.config_json,
+                                 f"must be a JSON object ({err})") from None
+        check(isinstance(base, dict), "--config-json", args.config_json,
+              "must be a JSON object")
+    return from_arguments(RGCConfig, args, base)
 
 
 def load_data(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     train_data, val_data = load_data(args)
     result = train(cfg, args.executor, train_data, val_data, args.out, args.corpus or "unknown",
-                   args.name)
+                   args.name, seed=args.seed)
     summary = {k: v for k, v in result.summary.items() if k != "config"}
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0

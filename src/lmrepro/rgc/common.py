@@ -1,15 +1,13 @@
 """Pieces shared by the three executors: model and optimizers, data, checkpoints, run records.
 
-The checkpoint format is the same for every executor (a full ``ByteTransformer`` state dict, the
-optimizer states by name, the batch generator's state and the step), written with
-:func:`lmrepro.io.atomic_torch_save` and read with ``torch.load(weights_only=True)``.
+Checkpoints use the package's one format (:mod:`lmrepro.results`); their state is the same for
+every executor: a full ``ByteTransformer`` state dict, the optimizer states by name, the batch
+generator's state.
 """
 
 from __future__ import annotations
 
 import io as _io
-import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,21 +16,19 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from lmrepro.errors import ParameterError, check
+from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
-from lmrepro.io import append_jsonl, atomic_torch_save, read_jsonl, torch_load, atomic_write_text
+from lmrepro.io import append_jsonl
 from lmrepro.model import ByteTransformer
-from lmrepro.results import METRICS, write_eval_losses, write_summary
+from lmrepro.results import (Method, RunSummary, checkpoint, load_checkpoint, truncate_metrics,
+                             write_eval_losses, write_summary)
 from lmrepro.rgc.config import RGCConfig
 
-CHECKPOINT = "checkpoint.pt"
-CKPT_FORMAT = "lmrepro-rgc-checkpoint-v1"
 
-
-def build_model(cfg: RGCConfig) -> ByteTransformer:
-    """The model, initialised from ``cfg.seed`` (identical in every process and executor)."""
-    torch.manual_seed(cfg.seed)
-    return ByteTransformer(cfg.model_config())
+def build_model(cfg: RGCConfig, seed: int) -> ByteTransformer:
+    """The model, initialised from ``seed`` (identical in every process and executor)."""
+    torch.manual_seed(seed)
+    return ByteTransformer(cfg.model_shape())
 
 
 def make_adamw(params: Iterable[torch.nn.Parameter], cfg: RGCConfig) -> torch.optim.AdamW:
@@ -56,9 +52,9 @@ def set_lr(optimizers: Iterable[torch.optim.Optimizer], lr: float) -> None:
             g["lr"] = lr
 
 
-def batch_generator(cfg: RGCConfig) -> torch.Generator:
+def batch_generator(seed: int) -> torch.Generator:
     """The training-batch generator (separate from the initialisation RNG)."""
-    return torch.Generator().manual_seed(cfg.seed + 1_000_003)
+    return torch.Generator().manual_seed(seed + 1_000_003)
 
 
 def micro_batches(x: torch.Tensor, y: torch.Tensor, n: int
@@ -103,43 +99,26 @@ def evaluate(model: ByteTransformer, val: np.ndarray, cfg: RGCConfig) -> list[fl
 
 # -- checkpoints ---------------------------------------------------------------------------------
 
-def _identity(cfg: RGCConfig, executor: str) -> dict:
-    """Config keys a resumed run must share with its checkpoint (all but the eval cadence,
-    the checkpoint cadence and the timeout)."""
-    d = cfg.to_dict()
-    for k in ("eval_interval", "checkpoint_interval", "worker_timeout_s"):
-        d.pop(k)
+def run_identity(cfg: RGCConfig, executor: str, seed: int) -> dict:
+    """What a checkpoint must share with the run that resumes it: every setting but the eval
+    cadence, the checkpoint cadence and the timeout."""
+    free = ("eval_every", "checkpoint_every", "worker_timeout_s")
+    d = {k: v for k, v in cfg.to_dict().items() if k in RGCConfig.model_fields and k not in free}
     d["threads_per_stage"] = list(cfg.stage_threads)
     d["executor"] = executor
+    d["seed"] = seed
     return d
 
 
-def save_checkpoint(out_dir: Path, cfg: RGCConfig, executor: str, step: int,
-                    model_state: dict[str, torch.Tensor], optim_states: dict[str, dict],
-                    gen_state: torch.Tensor) -> None:
-    atomic_torch_save({
-        "format": CKPT_FORMAT, "identity": _identity(cfg, executor), "step": int(step),
-        "model": model_state, "optims": optim_states, "gen_state": gen_state,
-    }, Path(out_dir) / CHECKPOINT)
+def save_state(out_dir: Path, identity: dict, step: int, model_state: dict[str, torch.Tensor],
+               optim_states: dict[str, dict], gen_state: torch.Tensor) -> None:
+    checkpoint(out_dir, step, {"model": model_state, "optims": optim_states,
+                               "gen_state": gen_state}, identity)
 
 
-def load_checkpoint(out_dir: Path | None, cfg: RGCConfig, executor: str) -> dict | None:
-    """The run's checkpoint, or ``None``; refuses one written by another configuration."""
-    if out_dir is None or not (Path(out_dir) / CHECKPOINT).exists():
-        return None
-    path = Path(out_dir) / CHECKPOINT
-    ck = torch_load(path)
-    check(ck.get("format") == CKPT_FORMAT, "checkpoint", str(path),
-          f"must be an RGC checkpoint ({CKPT_FORMAT})")
-    want = _identity(cfg, executor)
-    have = ck["identity"]
-    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-    if diff:
-        raise ParameterError("out_dir", str(out_dir),
-                             f"holds a checkpoint of a different run (differs in {diff}: "
-                             f"checkpoint {[have.get(k) for k in diff]} vs now "
-                             f"{[want.get(k) for k in diff]}); use a fresh out dir")
-    return ck
+def load_state(out_dir: Path | None, identity: dict) -> dict | None:
+    """The run's last checkpoint, or ``None``; refuses one written by another configuration."""
+    return None if out_dir is None else load_checkpoint(out_dir, identity)
 
 
 def state_to_bytes(obj: Any) -> bytes:
@@ -184,44 +163,49 @@ class Recorder:
         self.records: list[dict] = []
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            kept = [r for r in read_jsonl(self.out_dir / METRICS)
-                    if r.get("step", math.inf) < resume_step] if resume_step > 0 else []
-            atomic_write_text(self.out_dir / METRICS,
-                              "".join(json.dumps(r, sort_keys=True) + "\n"
-                                      for r in kept))
-            self.records = kept
+            self.records = truncate_metrics(self.out_dir, resume_step)
 
     def log(self, record: dict) -> None:
         self.records.append(record)
         if self.out_dir is not None:
-            append_jsonl(self.out_dir / METRICS, record)
+            append_jsonl(self.out_dir / "metrics.jsonl", record)
 
-    def finish(self, cfg: RGCConfig, summary: dict, eval_losses: list[float]) -> None:
+    def finish(self, cfg: RGCConfig, summary: dict, eval_losses: list[float]) -> dict:
+        """Validate the summary as a :class:`RunSummary`; write it (with a run directory)."""
+        record = RunSummary.model_validate(summary).to_json()
         if self.out_dir is not None:
             write_eval_losses(self.out_dir, eval_losses, cfg.eval_batch_size, cfg.context)
-            write_summary(self.out_dir, summary)
+            write_summary(self.out_dir, record)
+        return record
 
 
-def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str,
-                 eval_losses: list[float], tokens_per_s: float, peak_rss: int,
-                 records: list[dict], start_step: int, train_time_s: float) -> dict:
+def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, seed: int,
+                 eval_losses: list[float], peak_rss: int, n_params: int, records: list[dict],
+                 start_step: int, train_time_s: float) -> dict:
+    """The run's :class:`RunSummary` fields. Throughput counts the steps this invocation trained
+    over its training time; a resume with nothing left to train reports the recorded step times
+    of the invocations that trained it (``metrics.jsonl``)."""
     step_times = [r["step_time_s"] for r in records if "step_time_s" in r]
-    method = "backprop" if executor == "backprop" else "rgc"
-    threads: Any = list(cfg.stage_threads) if executor == "async" \
-        else cfg.single_process_threads
+    tokens_per_step = cfg.batch_size * cfg.context
+    trained = cfg.steps - start_step
+    if trained == 0 or train_time_s <= 0:
+        trained, train_time_s = len(step_times), float(sum(step_times))
+    method = Method.BACKPROP if executor == "backprop" else Method.RGC
+    is_async = executor == "async"
     return {
-        "name": name or (f"rgc-{executor}" if method == "rgc" else "backprop"),
-        "method": method, "executor": executor, "corpus": corpus, "steps": cfg.steps,
-        "tokens": cfg.steps * cfg.batch_size * cfg.context,
-        "final_bpb": bits_per_byte(eval_losses), "tokens_per_s": tokens_per_s,
-        "mean_step_time_s": float(np.mean(step_times)) if step_times else float("nan"),
-        "peak_rss_bytes": int(peak_rss), "seed": cfg.seed, "threads": threads,
-        "total_threads": sum(cfg.stage_threads) if executor == "async"
-        else cfg.single_process_threads,
-        "n_layers": cfg.n_layers, "n_stages": cfg.n_stages,
-        "horizon": cfg.horizon if method == "rgc" else None, "d_model": cfg.d_model,
-        "context": cfg.context, "batch_size": cfg.batch_size, "micro_batches": cfg.micro_batches,
-        "resumed_from_step": start_step, "train_time_s": train_time_s,
+        "name": name or (f"rgc-{executor}" if method == Method.RGC else "backprop"),
+        "method": method, "executor": executor, "corpus": corpus, "seed": seed,
+        "steps": cfg.steps, "tokens": cfg.steps * tokens_per_step,
+        "final_bpb": bits_per_byte(eval_losses),
+        "tokens_per_s": trained * tokens_per_step / train_time_s if train_time_s > 0 else 0.0,
+        "mean_step_time_s": float(np.mean(step_times)) if step_times else 0.0,
+        "train_time_s": train_time_s, "peak_rss_bytes": int(peak_rss), "n_params": n_params,
+        "processes": cfg.n_stages if is_async else 1,
+        "threads": sum(cfg.stage_threads) if is_async else cfg.single_process_threads,
+        "resumed_from_step": start_step,
+        "details": {"threads_per_process": list(cfg.stage_threads) if is_async
+                    else [cfg.single_process_threads],
+                    "horizon": cfg.horizon if method == Method.RGC else None},
         "config": cfg.to_dict(),
     }
 

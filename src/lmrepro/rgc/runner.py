@@ -1,24 +1,20 @@
-"""Entry points: :func:`train` (one run) and :func:`run_suite` (the notebook's three runs)."""
+"""The entry point of one run: :func:`train` with the sync, async or backprop executor."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from lmrepro.errors import check
-from lmrepro.results import SUMMARY, read_run
 from lmrepro.rgc.common import TrainResult, check_data, synthetic_corpus
 from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
-
-DEFAULT_RUN_NAMES = {"async": "rgc-async", "sync": "rgc-sync", "backprop": "backprop"}
 
 
 def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | None = None,
           val_data: np.ndarray | None = None, out_dir: str | Path | None = None,
           corpus: str = "synthetic", name: str | None = None, stop_after: int | None = None,
-          fault: tuple[int, int, str] | None = None) -> TrainResult:
+          fault: tuple[int, int, str] | None = None, seed: int = 0) -> TrainResult:
     """Train with RGC (``"sync"``, ``"async"``) or the global-backprop baseline (``"backprop"``).
 
     Args:
@@ -28,14 +24,15 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
         train_data, val_data: 1-D uint8 byte arrays; ``None`` uses a deterministic synthetic
             text (for smoke runs only).
         out_dir: run directory in the :mod:`lmrepro.results` layout; enables checkpoints
-            (``checkpoint.pt`` every ``config.checkpoint_interval`` steps) and resume: a run
-            directory with a checkpoint continues from it.
+            (every ``config.checkpoint_every`` steps) and resume: a run directory with a
+            checkpoint continues from it.
         corpus, name: recorded in ``summary.json`` (name defaults to ``rgc-<executor>`` or
             ``backprop``).
         stop_after: stop after this many steps (as if killed), leaving the checkpoint; no
             evaluation, no summary. For tests and time-boxed runs.
         fault: async only, ``(stage, step, "raise" | "exit" | "hang")`` injects a stage
             failure (tests).
+        seed: initialisation and batch order (the same for every executor).
 
     Returns:
         :class:`TrainResult` with ``tokens_per_s``, ``peak_rss_bytes``, ``final_bpb``,
@@ -59,25 +56,8 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
     out = Path(out_dir) if out_dir is not None else None
     if executor == "async":
         from lmrepro.rgc.async_exec import train_async
-        return train_async(config, train_data, val_data, out, corpus, name, stop_after, fault)
+        return train_async(config, train_data, val_data, out, corpus, name, stop_after, fault,
+                           seed)
     from lmrepro.rgc.sync import train_single_process
     return train_single_process(config, executor, train_data, val_data, out, corpus, name,
-                                stop_after)
-
-
-def run_suite(train_data: np.ndarray, val_data: np.ndarray, corpus: str, out_root: str | Path,
-              config: RGCConfig, executors: Sequence[str] = ("async", "sync", "backprop")
-              ) -> dict[str, dict]:
-    """The notebook's runs: each executor in ``out_root/<name>`` (names ``rgc-async``,
-    ``rgc-sync``, ``backprop``). A run whose ``summary.json`` exists is skipped (read back); a run
-    with only a checkpoint resumes. Returns ``{executor: summary}``."""
-    out_root = Path(out_root)
-    summaries: dict[str, dict] = {}
-    for executor in executors:
-        check_executor(executor)
-        run_dir = out_root / DEFAULT_RUN_NAMES[executor]
-        if not (run_dir / SUMMARY).exists():
-            train(config, executor, train_data, val_data, run_dir, corpus,
-                  DEFAULT_RUN_NAMES[executor])
-        summaries[executor] = read_run(run_dir)["summary"]
-    return summaries
+                                stop_after, seed)

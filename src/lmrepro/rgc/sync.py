@@ -10,7 +10,6 @@ AdamW states, generator state), so a resumed run is bit-identical to an uninterr
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -19,11 +18,9 @@ import torch
 
 from lmrepro.data.batches import sample_batch
 from lmrepro.evaluation import bits_per_byte
-from lmrepro.io import read_json
-from lmrepro.results import SUMMARY
 from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
-                                evaluate, load_checkpoint, lr_at, make_adamw, make_summary,
-                                micro_batches, save_checkpoint, set_lr)
+                                evaluate, load_state, lr_at, make_adamw, make_summary,
+                                micro_batches, run_identity, save_state, set_lr)
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.memory import PeakRSSSampler
 from lmrepro.rgc.stages import (accumulate_backprop_grads, accumulate_rgc_grads,
@@ -46,27 +43,28 @@ def make_optimizers(model: torch.nn.Module, cfg: RGCConfig, executor: str
 def train_single_process(cfg: RGCConfig, executor: str, train_data: np.ndarray,
                          val_data: np.ndarray, out_dir: Path | None = None,
                          corpus: str = "synthetic", name: str | None = None,
-                         stop_after: int | None = None) -> TrainResult:
+                         stop_after: int | None = None, seed: int = 0) -> TrainResult:
     """Run the ``sync`` or ``backprop`` executor; see :func:`lmrepro.rgc.train`."""
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.single_process_threads)
     try:
-        return _run(cfg, executor, train_data, val_data, out_dir, corpus, name, stop_after)
+        return _run(cfg, executor, train_data, val_data, out_dir, corpus, name, stop_after, seed)
     finally:
         torch.set_num_threads(prev_threads)
 
 
 def _run(cfg: RGCConfig, executor: str, train_data: np.ndarray, val_data: np.ndarray,
-         out_dir: Path | None, corpus: str, name: str | None, stop_after: int | None
+         out_dir: Path | None, corpus: str, name: str | None, stop_after: int | None, seed: int
          ) -> TrainResult:
     sampler = PeakRSSSampler().start()
-    model = build_model(cfg)
+    model = build_model(cfg, seed)
     model.train()
     bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
     opts = make_optimizers(model, cfg, executor)
-    gen = batch_generator(cfg)
+    gen = batch_generator(seed)
+    identity = run_identity(cfg, executor, seed)
     start = 0
-    ck = load_checkpoint(out_dir, cfg, executor)
+    ck = load_state(out_dir, identity)
     if ck is not None:
         model.load_state_dict(ck["model"])
         for key, opt in opts.items():
@@ -100,26 +98,22 @@ def _run(cfg: RGCConfig, executor: str, train_data: np.ndarray, val_data: np.nda
         rec.log({"step": step, "loss": stage_losses[-1], "stage_losses": stage_losses, "lr": lr,
                  "step_time_s": dt})
         done = step + 1
-        if out_dir is not None and cfg.checkpoint_interval and (
-                done % cfg.checkpoint_interval == 0 or done == cfg.steps):
-            save_checkpoint(out_dir, cfg, executor, done,
-                            model.state_dict(), {k: o.state_dict() for k, o in opts.items()},
-                            gen.get_state())
-        if cfg.eval_interval and done % cfg.eval_interval == 0 and done < cfg.steps:
+        if out_dir is not None and cfg.checkpoint_every and (
+                done % cfg.checkpoint_every == 0 or done == cfg.steps):
+            save_state(out_dir, identity, done, model.state_dict(),
+                       {k: o.state_dict() for k, o in opts.items()}, gen.get_state())
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             rec.log({"step": step, "eval_bpb": bits_per_byte(evaluate(model, val_data, cfg))})
-    n_tokens = (end - start) * cfg.batch_size * cfg.context
-    tokens_per_s = n_tokens / clock.total if clock.total > 0 else float("nan")
     final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if end < cfg.steps:  # stopped early on purpose: the checkpoint is the product
-        peak = sampler.stop()
-        return TrainResult(executor, tokens_per_s, peak, float("nan"), [], {}, rec.records,
-                           final_state, out_dir)
-    if end == start and out_dir is not None and (Path(out_dir) / SUMMARY).exists():
-        tokens_per_s = float(read_json(Path(out_dir) / SUMMARY).get("tokens_per_s", math.nan))
+        n_tokens = (end - start) * cfg.batch_size * cfg.context
+        tokens_per_s = n_tokens / clock.total if clock.total > 0 else 0.0
+        return TrainResult(executor, tokens_per_s, sampler.stop(), float("nan"), [], {},
+                           rec.records, final_state, out_dir)
     eval_losses = evaluate(model, val_data, cfg)
     peak = sampler.stop()
-    summary = make_summary(cfg, executor, name, corpus, eval_losses, tokens_per_s, peak,
-                           rec.records, start, clock.total)
-    rec.finish(cfg, summary, eval_losses)
-    return TrainResult(executor, tokens_per_s, peak, summary["final_bpb"], eval_losses, summary,
-                       rec.records, final_state, out_dir)
+    summary = rec.finish(cfg, make_summary(cfg, executor, name, corpus, seed, eval_losses, peak,
+                                           model.num_parameters(), rec.records, start,
+                                           clock.total), eval_losses)
+    return TrainResult(executor, summary["tokens_per_s"], peak, summary["final_bpb"],
+                       eval_losses, summary, rec.records, final_state, out_dir)

@@ -1,0 +1,55 @@
+"""The ``train_rgc`` stage: async RGC, sync RGC and global backprop on every corpus."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from lmrepro.data.stage import data_identity, load_splits
+from lmrepro.results import SUMMARY, collect_runs, prepare_runs_dir, read_run, write_stage_products
+from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor
+from lmrepro.rgc.runner import train
+
+log = logging.getLogger(__name__)
+
+RUN_NAMES = {"async": "rgc-async", "sync": "rgc-sync", "backprop": "backprop"}
+
+
+def run_executors(train_data: np.ndarray, val_data: np.ndarray, corpus: str,
+                  out_root: str | Path, config: RGCConfig,
+                  executors: Sequence[str] = ("async", "sync", "backprop"), seed: int = 0
+                  ) -> dict[str, dict]:
+    """Each executor into ``out_root/<name>`` (``rgc-async``, ``rgc-sync``, ``backprop``). A run
+    whose ``summary.json`` exists is read back; a run with only a checkpoint resumes.
+    Returns ``{executor: summary}``."""
+    out_root = Path(out_root)
+    summaries: dict[str, dict] = {}
+    for executor in executors:
+        check_executor(executor)
+        run_dir = out_root / RUN_NAMES[executor]
+        if not (run_dir / SUMMARY).exists():
+            train(config, executor, train_data, val_data, run_dir, corpus, RUN_NAMES[executor],
+                  seed=seed)
+        summaries[executor] = read_run(run_dir)["summary"]
+    return summaries
+
+
+def run_suite(suite: RGCSuite, seed: int, prepared_dir: str | Path,
+              stage_dir: str | Path = "results/rgc") -> dict[str, Path]:
+    """The ``rgc:`` section's executors on each of its corpora; DVC metrics and plots."""
+    stage_dir = Path(stage_dir)
+    prepare_runs_dir(stage_dir / "runs", {
+        "seed": seed, "rgc": suite.to_dict(),
+        "data": {c: data_identity(prepared_dir, c) for c in suite.corpora}})
+    for corpus in suite.corpora:
+        train_data, val_data = load_splits(prepared_dir, corpus)
+        log.info("RGC suite %s on %s -> %s", list(suite.executors), corpus,
+                 stage_dir / "runs" / corpus)
+        run_executors(train_data, val_data, corpus, stage_dir / "runs" / corpus, suite.config,
+                      suite.executors, seed)
+    out = collect_runs(stage_dir / "runs")
+    write_stage_products(stage_dir, out)
+    return out

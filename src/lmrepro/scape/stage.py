@@ -1,0 +1,33 @@
+"""The ``train_scape`` stage: the suite of the ``scape:`` section on one corpus, under torchrun."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from lmrepro.data.stage import data_identity
+from lmrepro.model import ModelConfig
+from lmrepro.results import prepare_runs_dir, write_stage_products
+from lmrepro.scape.config import ScapeSuite
+from lmrepro.scape.launch import run_scape_suite
+
+log = logging.getLogger(__name__)
+
+
+def run_suite(suite: ScapeSuite, model: ModelConfig, seed: int, prepared_dir: str | Path,
+              stage_dir: str | Path = "results/scape") -> dict[str, Path]:
+    """Dense AdamW/AdamS, SCAPE and top-k runs of ``suite`` with the same data, seed and steps;
+    ``model`` unless the section overrides it. Writes the DVC metrics and plots."""
+    stage_dir = Path(stage_dir)
+    model = suite.model or model
+    prepare_runs_dir(stage_dir / "runs", {"seed": seed, "model": model.to_dict(),
+                                          "scape": suite.to_dict(),
+                                          "data": data_identity(prepared_dir, suite.corpus)})
+    log.info("SCAPE suite: %d runs x %d workers on %s -> %s", len(suite.runs), suite.world_size,
+             suite.corpus, stage_dir / "runs")
+    dirs = run_scape_suite(Path(prepared_dir) / suite.corpus, stage_dir / "runs" / suite.corpus,
+                           suite.settings, suite.runs, model, suite.world_size, seed=seed,
+                           corpus=suite.corpus)
+    out = {f"{suite.corpus}/{d.name}": d for d in dirs}
+    write_stage_products(stage_dir, out)
+    return out
