@@ -6,13 +6,13 @@ In one run, on this machine:
    the model's own forward shapes (``tokens = batch x context`` rows) and large square ones; the
    peak FLOP/s is the best of them;
 2. **variants**: the training step of the default model (params.yaml top level: 4 layers,
-   d = 128, context 128, batch 16), i.e. :func:`lmrepro.train.train_step` on batches from
+   d = 128, context 128, batch 16), i.e. :func:`lmrepro.baseline.trainer.train_step` on batches from
    :func:`lmrepro.data.batches.sample_batch`, under candidate fixes measured side by side in
    interleaved rounds (every variant once per round, so drifting load hits all alike):
    torch's CPU default AdamW (per-tensor loop) vs ``foreach`` vs ``fused``, 1 vs 2 threads,
    ``torch.compile`` (its compile time reported separately), each with a per-phase breakdown
    (data, forward, backward, clip, optimizer);
-3. **end to end**: :func:`lmrepro.train.train_single` itself with the old behaviour
+3. **end to end**: :func:`lmrepro.baseline.trainer.train_single` itself with the old behaviour
    (``optimizer_impl="loop"``) and with the current defaults, same seed and steps; its own
    tokens/s (training steps only) and the achieved FLOP/s and MFU from
    :func:`lmrepro.model.train_flops_per_token`.
@@ -43,19 +43,11 @@ DEFAULT_OUT = REPO / "bench" / "results" / "cpu.json"
 
 
 def load_params() -> tuple[Any, Any]:
-    """``(ModelConfig, TrainSettings)`` of the top-level (default) profile of params.yaml."""
-    import yaml
+    """``(ModelConfig, BaselineConfig)`` of the default profile of params.yaml."""
+    from lmrepro.pipeline.params import load_params
 
-    from lmrepro.model import ModelConfig
-    from lmrepro.train import TrainSettings
-
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    m = {k: raw["model"][k] for k in ("n_layers", "d_model", "n_heads", "context", "mlp_ratio",
-                                       "dropout", "tie_embeddings") if k in raw["model"]}
-    t = raw["train"]
-    fields = {f.name for f in dataclasses.fields(TrainSettings)}
-    s = {k: v for k, v in t.items() if k in fields}
-    return ModelConfig(**m), TrainSettings(**s, seed=int(raw.get("seed", 0)))
+    params = load_params(REPO / "params.yaml", "default")
+    return params.model, params.train
 
 
 def training_bytes() -> np.ndarray:
@@ -156,14 +148,14 @@ class Variant:
 
 class StepRunner:
     """A model, its optimizer and batch generator under one :class:`Variant`; ``run(n)`` times
-    ``n`` steps of :func:`lmrepro.train.train_step` with a per-phase breakdown."""
+    ``n`` steps of :func:`lmrepro.baseline.trainer.train_step` with a per-phase breakdown."""
 
     def __init__(self, v: Variant, cfg: Any, s: Any, data: np.ndarray) -> None:
         from lmrepro.model import ByteTransformer
-        from lmrepro.train import compiled_forward, make_optimizer
+        from lmrepro.baseline.trainer import compiled_forward, make_optimizer
 
         self.v, self.cfg, self.data = v, cfg, data
-        self.s = dataclasses.replace(s, threads=v.threads, optimizer_impl=v.optimizer_impl,
+        self.s = s.replace(threads=v.threads, optimizer_impl=v.optimizer_impl,
                                      compile=v.compile)
         torch.manual_seed(self.s.seed)
         self.model = ByteTransformer(cfg)
@@ -182,7 +174,7 @@ class StepRunner:
 
     def warm(self, n: int) -> None:
         """Untimed steps (the first ones compile under ``torch.compile``; that time is kept)."""
-        from lmrepro.train import train_step
+        from lmrepro.baseline.trainer import train_step
 
         torch.set_num_threads(self.v.threads)
         t0 = time.perf_counter()
@@ -207,7 +199,7 @@ class StepRunner:
 
     def _run(self, n: int) -> None:
         from lmrepro.model import lm_loss
-        from lmrepro.train import train_step
+        from lmrepro.baseline.trainer import train_step
 
         torch.set_num_threads(self.v.threads)
         for _ in range(n):
@@ -272,14 +264,13 @@ def run_variants(variants: list[Variant], cfg: Any, s: Any, data: np.ndarray, st
 def end_to_end(cfg: Any, s: Any, data: np.ndarray, steps: int, flops_per_token: float,
                peak: float, configs: dict[str, dict]) -> dict:
     from lmrepro.bench.flops import mfu
-    from lmrepro.train import train_single
+    from lmrepro.baseline.trainer import train_single
 
     cut = int(0.95 * len(data))
     out = {}
     for name, over in configs.items():
-        st = dataclasses.replace(s, steps=steps, warmup_steps=min(s.warmup_steps, steps),
-                                 eval_every=10 ** 9, checkpoint_every=10 ** 9, eval_batches=2,
-                                 **over)
+        st = s.replace(steps=steps, warmup_steps=min(s.warmup_steps, steps),
+                       eval_every=10 ** 9, checkpoint_every=10 ** 9, eval_batches=2, **over)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             summ = train_single(cfg, st, data[:cut], data[cut:], tmp, name=name, progress=False)
@@ -349,10 +340,10 @@ def main(argv: list[str] | None = None) -> int:
         r["speedup_vs_loop"] = r["tokens_per_s"] / base
         r["mfu_vs_peak_at_train_threads"] = r["achieved_gflops"] * 1e9 / peak_flops
 
-    from lmrepro.train import TrainSettings
+    from lmrepro.baseline.config import BaselineConfig
 
-    default_impl = TrainSettings(steps=1, batch_size=1, lr=1e-3, warmup_steps=0).optimizer_impl
-    default_compile = TrainSettings(steps=1, batch_size=1, lr=1e-3, warmup_steps=0).compile
+    default_impl = BaselineConfig.model_fields["optimizer_impl"].default
+    default_compile = BaselineConfig.model_fields["compile"].default
     e2e = end_to_end(cfg, s, data, args.e2e_steps, fpt, peak_flops, {
         "before_fix_loop": {"optimizer_impl": "loop", "compile": False},
         "after_fix_defaults": {"optimizer_impl": default_impl, "compile": default_compile},

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                         batch_size=args.batch_size, micro_batches=args.micro_batches,
                         steps=args.steps, warmup_steps=min(5, args.steps),
                         threads_per_stage=alloc, backprop_threads=sum(alloc),
-                        eval_batches=4, eval_batch_size=8, checkpoint_interval=0)
+                        eval_batches=4, eval_batch_size=8, checkpoint_every=0)
         executors = ["async", "backprop"] + (["sync"] if args.with_sync else [])
         res = {}
         for ex in executors:

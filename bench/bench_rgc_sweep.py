@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         from lmrepro.rgc import RGCConfig
 
         tr, va, corpus = load_corpus()
-        res = run_one(RGCConfig.from_dict(json.loads(argv[1])), argv[2], tr, va, corpus)
+        res = run_one(RGCConfig(**json.loads(argv[1])), argv[2], tr, va, corpus)
         print(json.dumps(res))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                         batch_size=args.batch_size, micro_batches=args.micro_batches,
                         steps=args.steps, warmup_steps=min(5, args.steps),
                         threads_per_stage=alloc, backprop_threads=cores,
-                        eval_batches=4, eval_batch_size=8, checkpoint_interval=0)
+                        eval_batches=4, eval_batch_size=8, checkpoint_every=0)
         runs: dict[str, list[dict]] = {"async": [], "backprop": []}
         for rep in range(args.repeats):
             for ex in ("async", "backprop"):

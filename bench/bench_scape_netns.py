@@ -9,7 +9,7 @@ gloo on 127.0.0.1). Every worker uses 1 intra-op thread (2 workers = the 2 cores
 1. an alpha-beta sweep: all-reduce, reduce-scatter, all-gather and a ping-pong over message sizes
    up to the dense gradient's size, timed on rank 0;
 2. for dense AdamW (``DenseDP(AdamW)``, the train-scape baseline), SCAPE 90 % and SCAPE 99 %
-   (:class:`lmrepro.optim.SCAPE`, built by :func:`lmrepro.dist.train_scape.build_optimizer`):
+   (:class:`lmrepro.optim.SCAPE`, built by :func:`lmrepro.scape.trainer.build_optimizer`):
    * ``compute``: the same training steps with every collective replaced by a local stand-in of
      the right shape (the optimizer's own ``Comm`` methods are swapped on the instance), i.e. the
      step's compute measured without communication;
@@ -57,13 +57,14 @@ MASTER_PORT = 29517
 # =============================================================================================
 # worker side (runs under torchrun inside the namespace)
 # =============================================================================================
-def _method_config(method: str, lr: float) -> Any:
-    from lmrepro.dist.train_scape import ScapeTrainConfig
+def _method_config(method: str, lr: float) -> tuple[Any, Any]:
+    """``(ScapeConfig, ScapeRun)`` of a benchmark method (``adamw`` or ``scape<percent>``)."""
+    from lmrepro.scape.config import ScapeConfig, ScapeRun
 
+    cfg = ScapeConfig(steps=1, batch_size=1, lr=lr, warmup_steps=0)
     if method == "adamw":
-        return ScapeTrainConfig(optimizer="adamw", corpus_dir="", out="", lr=lr)
-    return ScapeTrainConfig(optimizer="scape", corpus_dir="", out="", lr=lr,
-                            sparsity=int(method[len("scape"):]) / 100)
+        return cfg, ScapeRun(optimizer="adamw")
+    return cfg, ScapeRun(optimizer="scape", sparsity=int(method[len("scape"):]) / 100)
 
 
 def _sweep(kind: str, sizes: list[int], repeats: int, rank: int, world: int) -> list[list[float]]:
@@ -209,7 +210,7 @@ def _run_method(method: str, args: argparse.Namespace, rank: int, world: int
     import torch
     import torch.distributed as dist
 
-    from lmrepro.dist.train_scape import build_optimizer
+    from lmrepro.scape.trainer import build_optimizer
     from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 
     cfg = ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
@@ -221,7 +222,7 @@ def _run_method(method: str, args: argparse.Namespace, rank: int, world: int
     for mode in ("compute", "real"):
         torch.manual_seed(0)
         model = ByteTransformer(cfg)
-        opt = build_optimizer(_method_config(method, args.lr), model)
+        opt = build_optimizer(*_method_config(method, args.lr), model)
         modes[mode] = {"model": model, "opt": opt,
                        "inst": _Instrument(opt, compute_only=(mode == "compute"), world=world),
                        "fb": [], "st": [], "blocks": []}

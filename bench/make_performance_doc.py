@@ -202,7 +202,7 @@ def section_cpu(r: dict | None) -> str:
                          "phases ms: data / fwd / bwd / clip / opt", "warm-up/compile s"], rows))
     parts.append("")
     e = r["end_to_end"]
-    parts.append("### End to end through `lmrepro.train.train_single`\n")
+    parts.append("### End to end through `lmrepro.baseline.trainer.train_single`\n")
     rows = [[k, json.dumps(x["settings_override"]), x["steps"], f"{x['tokens_per_s']:.0f}",
              f"{x['achieved_gflops']:.1f}", f"{100 * x['mfu']:.1f} %", f"{x['wall_s']:.1f}"]
             for k, x in e.items() if isinstance(x, dict)]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from lmrepro.dist.runtime import free_port
+from lmrepro.distributed import free_port
 
 
 def _entry(fn: Callable, rank: int, world: int, port: int, q: Any, args: tuple,

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmrepro.config import deep_merge, load_params
+from lmrepro.pipeline.params import deep_merge, load_params
 from lmrepro.errors import ConfigError, ParameterError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmrepro.io import torch_load
-from lmrepro.results import read_run
+from lmrepro.results import latest_checkpoint, read_run
 from lmrepro.rgc import RGCConfig, StageWorkerError, train
 
 torch.set_num_threads(1)
@@ -24,7 +23,7 @@ TRAIN, VAL = DATA[:5000], DATA[5000:]
 def cfg(**kw) -> RGCConfig:
     base = dict(n_layers=4, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16, steps=5,
                 batch_size=4, micro_batches=2, warmup_steps=2, lr=3e-3, eval_batch_size=4,
-                eval_batches=3, checkpoint_interval=2, threads_per_stage=(1, 1),
+                eval_batches=3, checkpoint_every=2, threads_per_stage=(1, 1),
                 backprop_threads=1, worker_timeout_s=60.0)
     base.update(kw)
     return RGCConfig(**base)
@@ -39,7 +38,8 @@ def straight(tmp_path_factory: pytest.TempPathFactory):
 def test_async_matches_sync_math_and_writes_results(straight) -> None:
     r, out = straight
     s = read_run(out)["summary"]
-    assert s["executor"] == "async" and s["method"] == "rgc" and s["threads"] == [1, 1]
+    assert s["executor"] == "async" and s["method"] == "rgc" and s["threads"] == 2
+    assert s["details"]["threads_per_process"] == [1, 1] and s["processes"] == 2
     assert r.tokens_per_s > 0
     # the whole process tree is measured: parent + 2 stage processes, each with torch loaded
     assert r.peak_rss_bytes > 3 * 100 * 2**20
@@ -56,7 +56,7 @@ def test_async_matches_sync_math_and_writes_results(straight) -> None:
 def test_async_resume_continues_from_checkpoint(straight, tmp_path: Path) -> None:
     r, _ = straight
     part = train(cfg(), "async", TRAIN, VAL, tmp_path / "b", stop_after=3)
-    assert torch_load(tmp_path / "b" / "checkpoint.pt")["step"] == 2
+    assert latest_checkpoint(tmp_path / "b")["step"] == 2
     assert part.summary == {}
     resumed = train(cfg(), "async", TRAIN, VAL, tmp_path / "b")
     assert resumed.summary["resumed_from_step"] == 2

@@ -27,7 +27,7 @@ def tiny(n_layers: int = 4, n_stages: int = 4, horizon: int = 1) -> RGCConfig:
 def model_and_batch(cfg: RGCConfig, seed: int = 0
                     ) -> tuple[ByteTransformer, torch.Tensor, torch.Tensor]:
     torch.manual_seed(seed)
-    model = ByteTransformer(cfg.model_config())
+    model = ByteTransformer(cfg.model_shape())
     # make the residual/readout non-trivial so gradients are not tiny and distinct per stage
     with torch.no_grad():
         for p in model.parameters():
@@ -163,7 +163,7 @@ def test_decoder_gradient_is_the_mean_of_the_stage_readout_gradients() -> None:
     (dict(batch_size=6, micro_batches=4), "rgc.micro_batches"),
     (dict(n_stages=4, threads_per_stage=(1, 1)), "rgc.threads_per_stage"),
     (dict(n_stages=4, threads_per_stage=(1, 0, 1, 1)), "rgc.threads_per_stage"),
-    (dict(d_model=30, n_heads=4), "model.n_heads"),
+    (dict(d_model=30, n_heads=4), "rgc.n_heads"),
 ])
 def test_bad_config_names_parameter_value_and_allowed(kw: dict, name: str) -> None:
     with pytest.raises(ParameterError) as ei:

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from lmrepro.errors import ParameterError
-from lmrepro.io import torch_load
-from lmrepro.results import read_run
-from lmrepro.rgc import RGCConfig, run_suite, train
+from lmrepro.results import latest_checkpoint, read_run
+from lmrepro.rgc import RGCConfig, train
+from lmrepro.rgc.stage import run_executors
 
 torch.set_num_threads(1)
 
@@ -31,7 +31,7 @@ TRAIN, VAL = DATA[:5000], DATA[5000:]
 def cfg(**kw) -> RGCConfig:
     base = dict(n_layers=4, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16, steps=6,
                 batch_size=4, micro_batches=2, warmup_steps=2, lr=3e-3, eval_batch_size=4,
-                eval_batches=3, checkpoint_interval=2, threads_per_stage=(1, 1),
+                eval_batches=3, checkpoint_every=2, threads_per_stage=(1, 1),
                 backprop_threads=1)
     base.update(kw)
     return RGCConfig(**base)
@@ -39,7 +39,7 @@ def cfg(**kw) -> RGCConfig:
 
 @pytest.mark.parametrize("executor", ["sync", "backprop"])
 def test_run_writes_results_layout_and_learns(executor: str, tmp_path: Path) -> None:
-    c = cfg(steps=12, checkpoint_interval=5, eval_interval=6)
+    c = cfg(steps=12, checkpoint_every=5, eval_every=6)
     r = train(c, executor, TRAIN, VAL, tmp_path / "run", corpus="austen")
     run = read_run(tmp_path / "run")
     s = run["summary"]
@@ -57,14 +57,13 @@ def test_run_writes_results_layout_and_learns(executor: str, tmp_path: Path) -> 
     assert any("eval_bpb" in m for m in run["metrics"])
     losses = [m["loss"] for m in run["metrics"] if "loss" in m]
     assert np.mean(losses[-3:]) < np.mean(losses[:3])  # it learns the repeated sentence
-    ck = torch_load(tmp_path / "run" / "checkpoint.pt")
-    assert ck["step"] == 12
+    assert latest_checkpoint(tmp_path / "run")["step"] == 12
 
 
 def test_same_seed_same_metrics_and_different_seed_differs() -> None:
     a = train(cfg(), "sync", TRAIN, VAL)
     b = train(cfg(), "sync", TRAIN, VAL)
-    c = train(cfg(seed=1), "sync", TRAIN, VAL)
+    c = train(cfg(), "sync", TRAIN, VAL, seed=1)
     strip = lambda ms: [{k: v for k, v in m.items() if k != "step_time_s"} for m in ms]  # noqa
     assert strip(a.metrics) == strip(b.metrics) and a.eval_losses == b.eval_losses
     assert a.eval_losses != c.eval_losses
@@ -78,11 +77,11 @@ def test_same_seed_same_metrics_and_different_seed_differs() -> None:
 
 @pytest.mark.parametrize("executor", ["sync", "backprop"])
 def test_resume_is_bit_identical(executor: str, tmp_path: Path) -> None:
-    c = cfg(steps=7, checkpoint_interval=2, horizon=2 if executor == "sync" else 1)
+    c = cfg(steps=7, checkpoint_every=2, horizon=2 if executor == "sync" else 1)
     straight = train(c, executor, TRAIN, VAL, tmp_path / "a")
     part = train(c, executor, TRAIN, VAL, tmp_path / "b", stop_after=5)  # "killed" after 5
     assert part.summary == {} and not (tmp_path / "b" / "summary.json").exists()
-    assert torch_load(tmp_path / "b" / "checkpoint.pt")["step"] == 4
+    assert latest_checkpoint(tmp_path / "b")["step"] == 4
     resumed = train(c, executor, TRAIN, VAL, tmp_path / "b")
     assert resumed.summary["resumed_from_step"] == 4
     for n, v in straight.final_state.items():
@@ -110,21 +109,22 @@ KILL_SCRIPT = textwrap.dedent("""
 
 
 def test_real_kill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
-    c = cfg(steps=40, checkpoint_interval=1)
+    c = cfg(steps=40, checkpoint_every=1)
     kw = json.dumps({**c.to_dict(), "threads_per_stage": [1, 1]})
     DATA.tofile(tmp_path / "data.bin")
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "k"), kw,
                              str(tmp_path / "data.bin")])
-    ck = tmp_path / "k" / "checkpoint.pt"
+    run_dir = tmp_path / "k"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if ck.exists() and torch_load(ck)["step"] >= 3 or proc.poll() is not None:
+        latest = latest_checkpoint(run_dir)
+        if latest is not None and latest["step"] >= 3 or proc.poll() is not None:
             break
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    killed_at = torch_load(ck)["step"]
+    killed_at = latest_checkpoint(run_dir)["step"]
     assert 3 <= killed_at < 40
     resumed = train(c, "sync", TRAIN, VAL, tmp_path / "k")
     straight = train(c, "sync", TRAIN, VAL)
@@ -135,11 +135,11 @@ def test_real_kill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
 
 def test_run_suite_skips_finished_runs(tmp_path: Path) -> None:
     c = cfg(steps=3)
-    out = run_suite(TRAIN, VAL, "austen", tmp_path, c, executors=("sync", "backprop"))
+    out = run_executors(TRAIN, VAL, "austen", tmp_path, c, executors=("sync", "backprop"))
     assert set(out) == {"sync", "backprop"}
     assert out["sync"]["name"] == "rgc-sync" and out["backprop"]["name"] == "backprop"
     mtime = (tmp_path / "rgc-sync" / "summary.json").stat().st_mtime_ns
-    again = run_suite(TRAIN, VAL, "austen", tmp_path, c, executors=("sync",))
+    again = run_executors(TRAIN, VAL, "austen", tmp_path, c, executors=("sync",))
     assert (tmp_path / "rgc-sync" / "summary.json").stat().st_mtime_ns == mtime
     assert again["sync"] == out["sync"]
 

@@ -1,10 +1,10 @@
 """The ``lmrepro`` command: a thin layer over the functions the notebooks call.
 
-    lmrepro validate [--params params.yaml] [--profile NAME]
+    lmrepro validate [--params params.yaml] [--profile NAME] [--write results/params.json]
     lmrepro notebook notebooks/03_train_baseline.ipynb [--reports reports] [-p key value ...]
     lmrepro train    [--params params.yaml] [--profile NAME]     # single-process baseline
     lmrepro install-corpus | fetch | prepare                     # see lmrepro.data.cli
-    lmrepro train-scape ...                                      # under torchrun; lmrepro.dist.cli
+    lmrepro train-scape ...                                      # under torchrun; scape.cli
     lmrepro train-rgc ...                                        # see lmrepro.rgc.cli
     lmrepro report   [--reports reports]                         # reports/index.html
 
@@ -27,10 +27,15 @@ def _add_params_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from lmrepro.config import load_params
+    from lmrepro.io import atomic_write_json
+    from lmrepro.pipeline.params import load_params
 
     params = load_params(args.params, args.profile)
-    print(f"{args.params}: profile {params.profile!r} is valid")
+    if args.write:
+        # the resolved parameters of the active profile: what every pipeline stage depends on,
+        # so editing another profile changes nothing downstream
+        atomic_write_json(args.write, params.to_dict())
+    print(f"{args.params}: every profile is valid; active profile {params.profile!r}")
     return 0
 
 
@@ -41,7 +46,7 @@ def _parse_value(text: str):
 
 
 def _cmd_notebook(args: argparse.Namespace) -> int:
-    from lmrepro.notebook import run_notebook
+    from lmrepro.pipeline.notebook import run_notebook
 
     # the parameter file and profile are always injected, so every executed notebook records
     # which configuration it ran with
@@ -53,18 +58,19 @@ def _cmd_notebook(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from lmrepro.config import load_params
-    from lmrepro.pipeline import baseline_stage
+    from lmrepro.baseline.stage import run_suite
+    from lmrepro.pipeline.params import load_params
 
     params = load_params(args.params, args.profile)
-    for corpus, summary in baseline_stage(params, args.out).items():
+    for corpus, summary in run_suite(params.train, params.model, params.seed,
+                                     params.data.prepared_dir, args.out).items():
         print(f"{corpus}: {summary['final_bpb']:.4f} bits/byte, "
               f"{summary['tokens_per_s']:.0f} tokens/s")
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from lmrepro.pipeline import report_stage
+    from lmrepro.pipeline.report import report_stage
 
     print(report_stage(args.params, args.reports, args.profile))
     return 0
@@ -75,8 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("validate", help="validate params.yaml for a profile")
+    p = sub.add_parser("validate", help="validate every profile of params.yaml")
     _add_params_args(p)
+    p.add_argument("--write", default=None, metavar="JSON",
+                   help="also write the active profile's resolved parameters to JSON")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("notebook", help="execute a notebook with papermill, render HTML")
@@ -98,10 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_report)
 
     from lmrepro.data import cli as data_cli
-    from lmrepro.dist import cli as dist_cli
     from lmrepro.rgc import cli as rgc_cli
+    from lmrepro.scape import cli as scape_cli
 
-    for module in (data_cli, dist_cli, rgc_cli):
+    for module in (data_cli, scape_cli, rgc_cli):
         module.register(sub)
     return parser
 

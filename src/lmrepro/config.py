@@ -44,7 +44,8 @@ def format_validation_error(err: ValidationError, prefix: str = "", where: str =
         loc = [prefix] if prefix else []
         loc += [str(p) for p in e["loc"]]
         path = ".".join(loc)
-        msg = str(e["msg"]).removeprefix("Value error, ")
+        # one wording for every rule: "must ..." (pydantic says "Input should ...")
+        msg = str(e["msg"]).removeprefix("Value error, ").replace("Input should", "must")
         value = e.get("input")
         if e["type"] == "value_error" and isinstance(value, dict):
             # a cross-field rule: its message already says ``field = value: rule``
@@ -61,8 +62,15 @@ def format_validation_error(err: ValidationError, prefix: str = "", where: str =
 def config_error(err: ValidationError, prefix: str = "", where: str = "") -> ConfigError:
     """:class:`ConfigError` for a pydantic error: the first key path, its value, every line."""
     first = err.errors()[0]
-    key = ".".join([prefix] * bool(prefix) + [str(p) for p in first["loc"]])
-    return ConfigError(key, first.get("input"), format_validation_error(err, prefix, where))
+    loc = [str(p) for p in first["loc"]]
+    value = first.get("input")
+    if first["type"] == "value_error" and isinstance(value, dict):
+        # a cross-field rule (field_error): its message starts with "field = value: "
+        field = str(first["msg"]).removeprefix("Value error, ").split(" = ", 1)[0]
+        loc.append(field)
+        value = value.get(field, value)
+    key = ".".join([prefix] * bool(prefix) + loc)
+    return ConfigError(key, value, format_validation_error(err, prefix, where))
 
 
 class Section(BaseModel):

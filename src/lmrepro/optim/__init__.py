@@ -2,15 +2,22 @@
 baseline, and the dense data-parallel wrapper used for the AdamW / AdamS baselines.
 
 A standalone library: it imports torch and nothing else of ``lmrepro`` (relative imports only),
-so it can be used, tested and type-checked on its own.
+so it can be used, tested and type-checked on its own. Names are imported lazily, so the rest of
+the package can use :mod:`~lmrepro.optim.errors` without loading every optimizer.
 """
 
-from .adams import AdamS, adams_update
-from .comm import DenseDP
-from .errors import ParameterError
-from .groups import weight_decay_groups
-from .scape import MASK_SCORES, SCAPE
-from .topk import TopKEF
+from importlib import import_module
+from typing import Any
 
-__all__ = ["AdamS", "adams_update", "DenseDP", "MASK_SCORES", "ParameterError", "SCAPE",
-           "TopKEF", "weight_decay_groups"]
+_EXPORTS = {
+    "AdamS": "adams", "adams_update": "adams", "DenseDP": "comm", "MASK_SCORES": "scape",
+    "ParameterError": "errors", "SCAPE": "scape", "TopKEF": "topk",
+    "weight_decay_groups": "groups",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
