@@ -18,35 +18,18 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from lmrepro.data.spec import DataConfig
 from lmrepro.errors import ConfigError, ParameterError
 from lmrepro.model import ModelConfig
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
-
-
-class DataParams(_Strict):
-    """Where data lives and which corpora the active profile fetches and prepares."""
-
-    raw_dir: str = "data/raw"
-    prepared_dir: str = "data/prepared"
-    embedded_dir: str = "data/embedded"
-    use: list[str] = Field(min_length=1, description="corpora this profile fetches and prepares")
-    corpora: dict[str, dict[str, Any]] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _use_known(self) -> "DataParams":
-        for i, name in enumerate(self.use):
-            if name not in self.corpora:
-                raise ValueError(f"use[{i}] = {name!r} is not a corpus defined under "
-                                 f"data.corpora (known: {sorted(self.corpora)})")
-        return self
 
 
 class ModelParams(_Strict):
@@ -200,7 +183,7 @@ class Params(_Strict):
 
     profile: str
     seed: int = Field(ge=0)
-    data: DataParams
+    data: DataConfig
     model: ModelParams
     train: TrainParams
     scape: ScapeParams
@@ -278,11 +261,7 @@ def load_params(path: str | Path = "params.yaml", profile: str | None = None) ->
 
 def _validate_sections(params: Params, where: str) -> None:
     """Sections owned by other domains validate with their own schema (see those modules)."""
-    from lmrepro.data import validate_corpus_spec
-
     try:
-        for name, spec in params.data.corpora.items():
-            validate_corpus_spec(name, spec)
         params.rgc.config(params.seed)
     except ParameterError as err:
         raise ConfigError(err.name, err.value, f"{where}: {err}") from None
