@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import lmrepro.config
+import lmrepro.pipeline.params
+from lmrepro.data import DataConfig, load_split
 from lmrepro.data import cli as data_cli
-from lmrepro.data import load_split
 from lmrepro.errors import ParameterError
 
 RAW = b"To be, or not to be, that is the question.\n" * 50
@@ -32,10 +32,10 @@ def params(tmp_path, monkeypatch):
         "tiny": {"kind": "embedded", "path": str(text), "sha256": hashlib.sha256(RAW).hexdigest()},
         "broken": {"kind": "embedded", "path": str(text), "sha256": "0" * 64},
     }
-    p = SimpleNamespace(data=SimpleNamespace(raw_dir=str(tmp_path / "raw"),
-                                             prepared_dir=str(tmp_path / "prep"),
-                                             use=["tiny"], corpora=corpora))
-    monkeypatch.setattr(lmrepro.config, "load_params", lambda path, profile=None: p)
+    p = SimpleNamespace(data=DataConfig(raw_dir=str(tmp_path / "raw"),
+                                        prepared_dir=str(tmp_path / "prep"),
+                                        use=["tiny"], corpora=corpora))
+    monkeypatch.setattr(lmrepro.pipeline.params, "load_params", lambda path, profile=None: p)
     return p
 
 

