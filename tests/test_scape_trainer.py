@@ -184,7 +184,7 @@ def test_cli_flags_and_launch_helpers(tmp_path, monkeypatch):
     (tmp_path / "a" / "summary.json").write_text("{}")
     launched = []
     monkeypatch.setattr(launch, "launch_train_scape",
-                        lambda corpus, out, w, cfg, run, model, **kw: launched.append(
+                        lambda corpus_dir, out, w, cfg, run, model, **kw: launched.append(
                             (out.name, cfg, kw)))
     dirs = launch.run_scape_suite("corpus", tmp_path, suite.settings, suite.runs, model,
                                   suite.world_size, seed=7)

@@ -90,6 +90,11 @@ class Section(BaseModel):
         except ValidationError as err:
             raise config_error(err, self.key) from None
 
+    # Marked as pydantic's own ``__init__`` (as ``RootModel`` does): a nested section is then
+    # validated as a plain model and its errors keep their key paths for the outermost section to
+    # word, instead of arriving as one pre-formatted message.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (tuples become lists), as written into run records."""
         return json.loads(self.model_dump_json())

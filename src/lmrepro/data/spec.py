@@ -104,22 +104,7 @@ _CorpusName = Annotated[str, _rule(lambda v: isinstance(v, str)
 # the corpus kinds
 
 
-class _Nestable(Section):
-    """A :class:`Section` that pydantic validates as a plain model when it is nested.
-
-    ``Section.__init__`` turns errors into one :class:`ConfigError` message, and pydantic calls a
-    custom ``__init__`` for nested models too, which buries the inner key paths in one text
-    (``data.corpora.c = {...}: urll = ...``). Marked as pydantic's own ``__init__`` (as
-    ``RootModel`` does), a nested spec reports plain errors that the outermost section words.
-    """
-
-    def __init__(self, **data: Any) -> None:
-        super().__init__(**data)
-
-    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
-
-
-class _Corpus(_Nestable):
+class _Corpus(Section):
     """What every kind has: the rule that cuts a single raw stream into train/val/test."""
 
     #: the rule filled in when a spec gives neither ``split_bytes`` nor ``split_fractions``
@@ -239,7 +224,7 @@ KINDS = tuple(_SPECS)
 # the data: section
 
 
-class DataConfig(_Nestable):
+class DataConfig(Section):
     """Where data lives and which corpora the active profile fetches and prepares."""
 
     key: ClassVar[str] = "data"

@@ -55,7 +55,7 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
     check_threads(config, executor)
     out = Path(out_dir) if out_dir is not None else None
     if executor == "async":
-        from lmrepro.rgc.async_exec import train_async
+        from lmrepro.rgc.async_ import train_async
         return train_async(config, train_data, val_data, out, corpus, name, stop_after, fault,
                            seed)
     from lmrepro.rgc.sync import train_single_process
