@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmrepro import report as R
 from lmrepro.errors import ParameterError
+from lmrepro.pipeline import report as R
 
 ROOT = Path(__file__).resolve().parents[1]
 CITATION = ROOT / "CITATION.cff"
@@ -191,15 +191,26 @@ def test_bad_inputs_name_the_parameter(project: Path, broken: str, name: str) ->
     assert not (project / "reports" / "index.html").exists()
 
 
-def test_manifest_formats(tmp_path: Path) -> None:
-    top = tmp_path / "a" / "manifest.json"
-    top.parent.mkdir()
-    top.write_text(json.dumps({"train": {"sha256": "c" * 64, "n_bytes": 7}}), encoding="utf-8")
-    rows = R.read_manifest(top)
-    assert rows == [{"manifest": str(top), "corpus": "a", "split": "train", "file": None,
-                     "sha256": "c" * 64, "bytes": 7}]
-    listed = tmp_path / "b.json"
-    listed.write_text(json.dumps({"name": "enwik8", "splits": [
-        {"name": "test", "sha256": "d" * 64, "bytes": 5}]}), encoding="utf-8")
-    assert R.read_manifest(listed)[0]["corpus"] == "enwik8"
-    assert R.read_manifest(listed)[0]["split"] == "test"
+@pytest.mark.parametrize("manifest", [
+    {"train": {"sha256": "c" * 64, "n_bytes": 7}},                       # split at top level
+    {"name": "enwik8", "splits": [{"name": "test", "sha256": "d" * 64, "bytes": 5}]},
+    {"splits": {"test": {"sha256": "d" * 64, "bytes": 5}}},
+    {"files": {"train": {"file": "train.bin", "sha256": "a" * 64, "bytes": 9}}},  # no format
+])
+def test_only_the_prepared_manifest_format_is_read(tmp_path: Path, manifest: dict) -> None:
+    """Shapes the package never writes are refused, naming the format it does write."""
+    path = tmp_path / "a" / "manifest.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(ParameterError, match="lmrepro.prepared/1") as info:
+        R.read_manifest(path)
+    assert info.value.name == "manifests"
+
+
+def test_manifest_without_source_is_named_by_its_folder(tmp_path: Path) -> None:
+    path = tmp_path / "enwik8" / "manifest.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"format": "lmrepro.prepared/1", "source": {}, "files": {
+        "test": {"file": "test.bin", "sha256": "d" * 64, "bytes": 5}}}), encoding="utf-8")
+    assert R.read_manifest(path) == [{"manifest": str(path), "corpus": "enwik8", "split": "test",
+                                      "file": "test.bin", "sha256": "d" * 64, "bytes": 5}]

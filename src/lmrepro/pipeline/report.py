@@ -3,9 +3,10 @@
 :func:`build_index` writes ``reports/index.html`` (one file, inline CSS, no external assets) that
 links every rendered notebook HTML in the reports folder and records what produced them: the git
 commit and dirty flag, ``params.yaml``, the prepared data's checksums (from each corpus's
-``manifest.json``), the software versions, the machine and the date; and a how-to-cite block
-(BibTeX ``@software`` and a plain citation) built from ``CITATION.cff``. The same facts go to
-``reports/provenance.json``. Both files are written atomically (:mod:`lmrepro.io`).
+``manifest.json``, format ``lmrepro.prepared/1``), the software versions, the machine and the date;
+and a how-to-cite block (BibTeX ``@software`` and a plain citation) built from ``CITATION.cff``.
+The same facts go to ``reports/provenance.json``. Both files are written atomically
+(:mod:`lmrepro.io`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import platform
 import re
 import subprocess
 import urllib.parse
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
+from lmrepro.data.prepare import FORMAT as MANIFEST_FORMAT
 from lmrepro.errors import ParameterError, check
 from lmrepro.io import atomic_write_json, atomic_write_text, read_json
 
@@ -103,51 +106,25 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def _split_entries(manifest: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """Per-split entries of a manifest: ``{"files": {split: {...}}}`` (what
-    :mod:`lmrepro.data.prepare` writes), ``{"splits": {...}}``, ``{"splits": [{"name": ...}]}``, or
-    split entries at the top level (any dict value holding a ``sha256``)."""
-    for key in ("files", "splits"):
-        splits = manifest.get(key)
-        if isinstance(splits, dict):
-            return [(str(k), v) for k, v in splits.items() if isinstance(v, dict)]
-        if isinstance(splits, list):
-            return [(str(e.get("name", e.get("split", i))), e)
-                    for i, e in enumerate(splits) if isinstance(e, dict)]
-    return [(str(k), v) for k, v in manifest.items() if isinstance(v, dict) and "sha256" in v]
-
-
-def _manifest_corpus(manifest: dict[str, Any], path: Path) -> str:
-    source = manifest.get("source") if isinstance(manifest.get("source"), dict) else {}
-    return str(manifest.get("corpus") or source.get("corpus") or manifest.get("name")
-               or path.parent.name)
-
-
 def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Rows ``manifest, corpus, split, file, sha256, bytes`` of one prepared-data
-    ``manifest.json``: one per split, plus one per raw source file (``split`` = ``"raw"``) when
-    the manifest records ``raw_files`` (path -> sha256)."""
+    ``manifest.json`` (the ``lmrepro.prepared/1`` format of :mod:`lmrepro.data.prepare`): one per
+    split, plus one per raw source file (``split`` = ``"raw"``, ``bytes`` None)."""
     path = Path(path)
     check(path.is_file(), "manifests", str(path), "must list existing manifest.json files")
     try:
         manifest = read_json(path)
     except ValueError as exc:
         raise ParameterError("manifests", str(path), f"must be valid JSON ({exc})") from exc
-    check(isinstance(manifest, dict), "manifests", str(path), "must hold a JSON object")
-    corpus = _manifest_corpus(manifest, path)
-    entries = _split_entries(manifest)
-    check(bool(entries), "manifests", str(path),
-          "must record each split's sha256 and byte count (e.g. {\"files\": {\"train\": "
-          "{\"sha256\": ..., \"bytes\": ...}}})")
-    rows = []
-    for split, e in entries:
-        n_bytes = e.get("bytes", e.get("n_bytes", e.get("size")))
-        rows.append({"manifest": str(path), "corpus": corpus, "split": split,
-                     "file": e.get("file"), "sha256": e.get("sha256"), "bytes": n_bytes})
-    raw = manifest.get("raw_files")
-    if isinstance(raw, dict):
-        rows += [{"manifest": str(path), "corpus": corpus, "split": "raw", "file": str(f),
-                  "sha256": str(h), "bytes": None} for f, h in sorted(raw.items())]
+    check(isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
+          and isinstance(manifest.get("files"), dict), "manifests", str(path),
+          f"must be a {MANIFEST_FORMAT} manifest (written by lmrepro.data.prepare)")
+    corpus = str((manifest.get("source") or {}).get("corpus") or path.parent.name)
+    rows = [{"manifest": str(path), "corpus": corpus, "split": split, "file": e["file"],
+             "sha256": e["sha256"], "bytes": e["bytes"]} for split, e in manifest["files"].items()]
+    rows += [{"manifest": str(path), "corpus": corpus, "split": "raw", "file": str(f),
+              "sha256": str(h), "bytes": None}
+             for f, h in sorted((manifest.get("raw_files") or {}).items())]
     return rows
 
 

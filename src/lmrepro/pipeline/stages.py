@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 
 from lmrepro.config import Params
-from lmrepro.errors import check
+from lmrepro.results import collect_runs, write_stage_products
 from lmrepro.train import TrainSettings, train_single
 
 log = logging.getLogger(__name__)
@@ -157,149 +157,19 @@ def rgc_stage(params: Params, stage_dir: str | Path = "results/rgc") -> dict[str
         log.info("RGC suite %s on %s -> %s", list(rg.executors), corpus,
                  stage_dir / "runs" / corpus)
         run_suite(train, val, corpus, stage_dir / "runs" / corpus, config, rg.executors)
-    out = collect_runs(stage_dir.name, stage_dir.parent)
+    out = collect_runs(stage_dir / "runs")
     write_stage_products(stage_dir, out)
     return out
-
-
-METRIC_KEYS = ("final_bpb", "tokens_per_s", "mean_step_time_s", "peak_rss_bytes", "steps",
-               "tokens")
-
-
-def write_stage_products(stage_dir: str | Path, runs: dict[str, Path]) -> None:
-    """DVC metrics (``metrics.json``: scalars per run) and plots (``loss_curve.csv``)."""
-    import csv
-    import io
-
-    from lmrepro.io import atomic_write_json, atomic_write_text
-    from lmrepro.results import read_run
-
-    metrics, losses, comm = {}, io.StringIO(), io.StringIO()
-    loss_rows = csv.writer(losses, lineterminator="\n")
-    loss_rows.writerow(["run", "step", "loss"])
-    comm_rows = csv.writer(comm, lineterminator="\n")
-    comm_rows.writerow(["run", "step", "bytes_total"])
-    for label, run_dir in sorted(runs.items()):
-        run = read_run(run_dir)
-        summary = run["summary"]
-        metrics[label] = {k: summary[k] for k in METRIC_KEYS if k in summary}
-        if "bytes_per_step" in summary:
-            metrics[label]["bytes_per_step"] = summary["bytes_per_step"]["total"]
-        for rec in run["metrics"]:
-            if "loss" in rec:
-                loss_rows.writerow([label, rec["step"], f"{rec['loss']:.6f}"])
-            if "bytes_total" in rec:
-                comm_rows.writerow([label, rec["step"], rec["bytes_total"]])
-    stage_dir = Path(stage_dir)
-    atomic_write_json(stage_dir / "metrics.json", metrics)
-    atomic_write_text(stage_dir / "loss_curve.csv", losses.getvalue())
-    if any("bytes_per_step" in m for m in metrics.values()):
-        atomic_write_text(stage_dir / "bytes_per_step.csv", comm.getvalue())
 
 
 def report_stage(params_file: str | Path = "params.yaml", reports_dir: str | Path = "reports",
                  profile: str | None = None) -> Path:
     """``reports/index.html``: every rendered notebook, provenance and how to cite."""
-    from lmrepro.config import load_params
-    from lmrepro.report import build_index
+    from lmrepro.pipeline.params import load_params
+    from lmrepro.pipeline.report import build_index
 
     params = load_params(params_file, profile)
     manifests = [Path(params.data.prepared_dir) / name / "manifest.json"
                  for name in params.data.use]
     return build_index(reports_dir, params_file, manifests, "CITATION.cff",
                        out=Path(reports_dir) / "index.html")
-
-
-def collect_runs(stage: str, results_root: str | Path = "results") -> dict[str, Path]:
-    """Finished run directories of a stage: ``{"<corpus>/<run>": path}``, sorted."""
-    root = Path(results_root) / stage / "runs"
-    found = {}
-    for summary in sorted(root.glob("*/*/summary.json")):
-        run_dir = summary.parent
-        found[f"{run_dir.parent.name}/{run_dir.name}"] = run_dir
-    return found
-
-
-# the reference run of each stage's tables: throughput/memory baseline and dense communication
-STAGE_BASELINES = {"scape": ("adamw", "adams"), "rgc": ("backprop", None)}
-
-
-def analysis_stage(params: Params, stage: str, results_root: str | Path = "results",
-                   out_root: str | Path = "results/analysis") -> dict:
-    """Throughput, memory, communication and non-inferiority tables of one training stage.
-
-    Tables are computed per corpus against that corpus's reference run and written as CSV under
-    ``results/analysis/<stage>/``; ``noninferiority.json`` there is the stage's DVC metric, and
-    the figures are saved as PNG (DVC image plots). Returns the tables, outcomes and figures.
-    """
-    import pandas as pd
-
-    from lmrepro import analysis as A
-    from lmrepro.io import atomic_write_json, atomic_write_text
-
-    check(stage in STAGE_BASELINES, "stage", stage, f"must be one of {sorted(STAGE_BASELINES)}")
-    runs = collect_runs(stage, results_root)
-    if not runs:
-        raise FileNotFoundError(f"no finished runs under {Path(results_root) / stage / 'runs'}")
-    out_dir = Path(out_root) / stage
-    base_name, dense_name = STAGE_BASELINES[stage]
-    tables: dict[str, list] = {"throughput": [], "memory": [], "communication": []}
-    for corpus in sorted({name.split("/")[0] for name in runs}):
-        subset = {k: v for k, v in runs.items() if k.startswith(corpus + "/")}
-        ref = f"{corpus}/{base_name}"
-        if ref in subset:
-            tables["throughput"].append(A.throughput_table(subset, ref))
-            tables["memory"].append(A.memory_table(subset, ref))
-        dense = f"{corpus}/{dense_name}"
-        if dense_name and dense in subset:
-            tables["communication"].append(A.communication_table(subset, dense))
-    frames = {k: pd.concat(v, ignore_index=True) for k, v in tables.items() if v}
-    st = params.stats
-    outcomes = A.run_comparisons(runs, margin=st.margin, confidence=st.confidence,
-                                 n_resamples=st.n_resamples, seed=st.seed)
-    frames["noninferiority"] = A.outcomes_table(outcomes, margin=st.margin)
-    for name, frame in frames.items():
-        atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
-    atomic_write_json(out_dir / "noninferiority.json", {
-        row["comparison"]: {"mean_rel_diff": row["mean_rel_diff"],
-                            "upper_bound": row["upper_bound"],
-                            "non_inferior": bool(row["non_inferior"]), "pairs": row["pairs"]}
-        for row in frames["noninferiority"].to_dict("records")})
-    figures = {"loss_curves": A.plot_loss_curves(runs, title=f"{stage}: loss curves"),
-               "bootstrap": A.plot_bootstrap(outcomes)}
-    if "communication" in frames:
-        figures["bytes_per_step"] = A.plot_bytes_per_step(runs)
-    for name, fig in figures.items():
-        _save_figure(fig, out_dir / f"{name}.png")
-    return {"runs": runs, "tables": frames, "outcomes": outcomes, "figures": figures}
-
-
-def _save_figure(fig, path: Path) -> None:
-    """PNG through a temporary file (atomic); fixed metadata so reruns give the same bytes."""
-    import io
-
-    from lmrepro.io import atomic_write_bytes
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    atomic_write_bytes(path, buf.getvalue())
-
-
-def claims_stage(params: Params, results_root: str | Path = "results",
-                 out_root: str | Path = "results/analysis") -> "pd.DataFrame":  # noqa: F821
-    """The claims table over every run of every stage; ``results/analysis/claims.csv``."""
-    from lmrepro import analysis as A
-    from lmrepro.io import atomic_write_json, atomic_write_text
-
-    runs = {f"{stage}/{name}": path for stage in ("scape", "rgc")
-            for name, path in collect_runs(stage, results_root).items()}
-    st = params.stats
-    table = A.claims_table(runs, margin=st.margin, confidence=st.confidence,
-                           n_resamples=st.n_resamples, seed=st.seed)
-    atomic_write_text(Path(out_root) / "claims.csv", table.to_csv(index=False))
-    counts = table["reproduced"].value_counts().to_dict()
-    atomic_write_json(Path(out_root) / "claims.json", {
-        "claims": len(table), "reproduced_yes": int(counts.get("yes", 0)),
-        "reproduced_no": int(counts.get("no", 0)),
-        "not_run": int(counts.get(A.NOT_RUN, 0))})
-    return table
