@@ -417,3 +417,16 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, (_dt.date, _dt.datetime)):
         return obj.isoformat()
     return obj
+
+
+def report_stage(params_file: str | Path = "params.yaml", reports_dir: str | Path = "reports",
+                 profile: str | None = None) -> Path:
+    """The ``report`` stage: ``reports/index.html`` over every rendered notebook, with the
+    provenance of the active profile's prepared data and how to cite."""
+    from lmrepro.pipeline.params import load_params
+
+    params = load_params(params_file, profile)
+    manifests = [Path(params.data.prepared_dir) / name / "manifest.json"
+                 for name in params.data.use]
+    return build_index(reports_dir, params_file, manifests, "CITATION.cff",
+                       out=Path(reports_dir) / "index.html")
