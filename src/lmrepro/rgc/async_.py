@@ -117,7 +117,7 @@ def _stage_worker(k: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | No
         own = stage_parameters(model, bounds, k)
         names = stage_parameter_names(model, bounds, k)
         dec = decoder_parameters(model)
-        opt_stage, opt_dec = make_adamw(own, cfg), make_adamw(dec, cfg)
+        opt_stage, opt_dec = make_adamw(model, own, cfg), make_adamw(model, dec, cfg)
         gen = batch_generator(seed) if k == 0 else None
         start = 0
         if ckpt is not None:

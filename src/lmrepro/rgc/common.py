@@ -20,6 +20,7 @@ from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl
 from lmrepro.model import ByteTransformer
+from lmrepro.optim.groups import weight_decay_groups
 from lmrepro.results import (Method, RunSummary, checkpoint, load_checkpoint, truncate_metrics,
                              write_eval_losses, write_summary)
 from lmrepro.rgc.config import RGCConfig
@@ -31,14 +32,12 @@ def build_model(cfg: RGCConfig, seed: int) -> ByteTransformer:
     return ByteTransformer(cfg.model_shape())
 
 
-def make_adamw(params: Iterable[torch.nn.Parameter], cfg: RGCConfig) -> torch.optim.AdamW:
-    """AdamW with decoupled weight decay on matrices and embeddings, none on biases and norms."""
-    params = list(params)
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr,
+def make_adamw(model: ByteTransformer, params: Iterable[torch.nn.Parameter], cfg: RGCConfig
+               ) -> torch.optim.AdamW:
+    """AdamW over ``params`` (a part of ``model``) with the package's one weight-decay rule
+    (:func:`lmrepro.optim.groups.weight_decay_groups`: matrices decay; 1-D tensors and the
+    embeddings do not)."""
+    return torch.optim.AdamW(weight_decay_groups(model, cfg.weight_decay, params), lr=cfg.lr,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=False)
 
 

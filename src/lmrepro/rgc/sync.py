@@ -32,11 +32,11 @@ def make_optimizers(model: torch.nn.Module, cfg: RGCConfig, executor: str
     """RGC: one AdamW per stage (``stage0`` .. , stage 0 with the embedding) and one for the
     decoder (fed the consensus gradient). Backprop: one AdamW over every parameter (``all``)."""
     if executor == "backprop":
-        return {"all": make_adamw(model.parameters(), cfg)}
+        return {"all": make_adamw(model, model.parameters(), cfg)}
     bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
-    opts = {f"stage{k}": make_adamw(stage_parameters(model, bounds, k), cfg)
+    opts = {f"stage{k}": make_adamw(model, stage_parameters(model, bounds, k), cfg)
             for k in range(cfg.n_stages)}
-    opts["decoder"] = make_adamw(decoder_parameters(model), cfg)
+    opts["decoder"] = make_adamw(model, decoder_parameters(model), cfg)
     return opts
 
 
