@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -151,8 +151,8 @@ class StepRunner:
     ``n`` steps of :func:`lmrepro.baseline.trainer.train_step` with a per-phase breakdown."""
 
     def __init__(self, v: Variant, cfg: Any, s: Any, data: np.ndarray) -> None:
-        from lmrepro.model import ByteTransformer
         from lmrepro.baseline.trainer import compiled_forward, make_optimizer
+        from lmrepro.model import ByteTransformer
 
         self.v, self.cfg, self.data = v, cfg, data
         self.s = s.replace(threads=v.threads, optimizer_impl=v.optimizer_impl,
@@ -198,8 +198,8 @@ class StepRunner:
             self._run(n)
 
     def _run(self, n: int) -> None:
-        from lmrepro.model import lm_loss
         from lmrepro.baseline.trainer import train_step
+        from lmrepro.model import lm_loss
 
         torch.set_num_threads(self.v.threads)
         for _ in range(n):
@@ -263,8 +263,8 @@ def run_variants(variants: list[Variant], cfg: Any, s: Any, data: np.ndarray, st
 # ---------------------------------------------------------------------------------------------
 def end_to_end(cfg: Any, s: Any, data: np.ndarray, steps: int, flops_per_token: float,
                peak: float, configs: dict[str, dict]) -> dict:
-    from lmrepro.bench.flops import mfu
     from lmrepro.baseline.trainer import train_single
+    from lmrepro.bench.flops import mfu
 
     cut = int(0.95 * len(data))
     out = {}
@@ -298,9 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     # A cold compile: torch.compile's on-disk caches would otherwise hide its real cost.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="lmrepro-inductor-")
 
+    from lmrepro.bench.flops import counted_train_flops
     from lmrepro.bench.machine import busy_processes, load_average, machine_info
     from lmrepro.model import ByteTransformer, train_flops_per_token
-    from lmrepro.bench.flops import counted_train_flops
 
     cfg, s = load_params()
     info = machine_info()

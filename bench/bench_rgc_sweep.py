@@ -74,7 +74,7 @@ class PeakPSSSampler:
             self.sample()
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> "PeakPSSSampler":
+    def __enter__(self) -> PeakPSSSampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self

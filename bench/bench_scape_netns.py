@@ -210,8 +210,8 @@ def _run_method(method: str, args: argparse.Namespace, rank: int, world: int
     import torch
     import torch.distributed as dist
 
-    from lmrepro.scape.trainer import build_optimizer
     from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
+    from lmrepro.scape.trainer import build_optimizer
 
     cfg = ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                       context=args.context)
@@ -388,8 +388,13 @@ def analyse_link(res: dict, fits: dict[str, Any]) -> dict[str, Any]:
     ``ideal`` prices each collective with its own fit (gloo's algorithms as they are);
     ``link_limit`` prices the bytes a bandwidth-optimal algorithm would put on the link with the
     ping-pong fit (the link's own limit)."""
-    from lmrepro.bench.alphabeta import (comm_time, fraction_of_ideal, ideal_step_time,
-                                         link_limit_comm_time, speedup)
+    from lmrepro.bench.alphabeta import (
+        comm_time,
+        fraction_of_ideal,
+        ideal_step_time,
+        link_limit_comm_time,
+        speedup,
+    )
 
     runs = {(r["method"], r["mode"]): r for r in res["runs"]}
     methods = sorted({r["method"] for r in res["runs"]}, key=METHODS.index)

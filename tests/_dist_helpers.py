@@ -10,7 +10,8 @@ import multiprocessing as mp
 import os
 import queue
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from lmrepro.errors import ParameterError
-from lmrepro.evaluation import cosine_lr
 from lmrepro.baseline.config import BaselineConfig
 from lmrepro.baseline.trainer import train_single
+from lmrepro.errors import ParameterError
+from lmrepro.evaluation import cosine_lr
 from lmrepro.io import read_jsonl
 from lmrepro.model import ModelConfig
 from lmrepro.results import latest_checkpoint, load_checkpoint
@@ -94,7 +94,8 @@ def test_resume_after_kill_is_bit_identical(tmp_path, text_bytes, kill_at):
     def strip(rows):
         return [{k: v for k, v in r.items() if k != "step_time_s"} for r in rows]
 
-    assert strip(read_jsonl(straight / "metrics.jsonl")) == strip(read_jsonl(resumed / "metrics.jsonl"))
+    assert strip(read_jsonl(straight / "metrics.jsonl")) == \
+        strip(read_jsonl(resumed / "metrics.jsonl"))
     assert (straight / "eval_losses.json").read_text() == (resumed / "eval_losses.json").read_text()
 
 

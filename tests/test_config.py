@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmrepro.pipeline.params import deep_merge, load_params
 from lmrepro.errors import ConfigError, ParameterError
+from lmrepro.pipeline.params import deep_merge, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,8 @@ def write_variant(tmp_path, mutate) -> Path:
 
 
 BAD = [
-    ("train.steps", -3, lambda r: r["train"].__setitem__("steps", -3), "greater than or equal to 1"),
+    ("train.steps", -3, lambda r: r["train"].__setitem__("steps", -3),
+     "greater than or equal to 1"),
     ("train.lr", "fast", lambda r: r["train"].__setitem__("lr", "fast"), "valid number"),
     ("train.stepz", 5, lambda r: r["train"].__setitem__("stepz", 5), "Extra inputs"),
     ("model.n_heads", 3, lambda r: r["model"].__setitem__("n_heads", 3), "must divide d_model"),

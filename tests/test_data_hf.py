@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import tempfile
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -145,7 +146,7 @@ def test_fetch_corpus_hf_with_train_and_val(saved_dict, tmp_path):
     roles = [r for r, _ in got["files"]]
     assert roles == ["train", "val"]
     paths = dict(got["files"])
-    assert open(paths["val"], "rb").read() == joined(VAL)
+    assert Path(paths["val"]).read_bytes() == joined(VAL)
     assert got["sha256"]["train"] == hashlib.sha256(joined(TRAIN)).hexdigest()
     assert str(tmp_path / "tinystories") in paths["train"]
 

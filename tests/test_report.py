@@ -17,7 +17,7 @@ from lmrepro.pipeline import report as R
 
 ROOT = Path(__file__).resolve().parents[1]
 CITATION = ROOT / "CITATION.cff"
-NOW = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -211,7 +211,8 @@ def _core_worker(rank: int, world: int) -> dict:
                 assert stats["param_values"] == shard * 4
             else:
                 assert abs(stats["grad_values"] - rho * n * 4) <= 0.01 * rho * n * 4
-                assert abs(stats["param_values"] - rho * n / world * 4) <= 0.01 * rho * n / world * 4
+                expect = rho * n / world * 4
+                assert abs(stats["param_values"] - expect) <= 0.01 * expect
             mask_expect = min(4 * rho * shard, shard / 8)
             assert abs(stats["mask"] - mask_expect) <= 0.01 * mask_expect + 1
             assert stats["total"] == stats["grad_values"] + stats["param_values"] + stats["mask"]

@@ -106,7 +106,8 @@ def test_kill_worker_then_resume_is_bit_identical(corpus, tmp_path):
     assert len(rows_a) == 12 and rows_a == rows_b
     assert a["eval_losses"] == b["eval_losses"]
     assert a["summary"]["final_bpb"] == b["summary"]["final_bpb"]
-    ma, mb = torch_load(ref / "model_final.pt")["model"], torch_load(done / "model_final.pt")["model"]
+    ma = torch_load(ref / "model_final.pt")["model"]
+    mb = torch_load(done / "model_final.pt")["model"]
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
     # SCAPE at 90 % really sent less than dense after the warm-start step
     assert rows_a[-1]["bytes_grad_values"] < rows_a[0]["bytes_grad_values"] / 5

@@ -23,7 +23,8 @@ from lmrepro.errors import ParameterError
 
 def _add_params_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--params", default="params.yaml", help="parameter file (default params.yaml)")
-    p.add_argument("--profile", default=None, help="profile in params.yaml (default: its 'profile')")
+    p.add_argument("--profile", default=None,
+                   help="profile in params.yaml (default: its 'profile')")
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:

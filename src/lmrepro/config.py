@@ -99,7 +99,7 @@ class Section(BaseModel):
         """Plain JSON-able values (tuples become lists), as written into run records."""
         return json.loads(self.model_dump_json())
 
-    def replace(self, **changes: Any) -> "Section":
+    def replace(self, **changes: Any) -> Section:
         """A validated copy with ``changes`` applied."""
         return type(self)(**{**self.model_dump(), **changes})
 
@@ -152,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[BaseModel], prefix:
         elif origin is Literal:
             kw["choices"] = list(typing.get_args(t))
             kw["type"] = type(kw["choices"][0])
-        elif origin in (list, tuple):
+        elif origin is list:
             inner = typing.get_args(t)[0]
             kw["nargs"] = "+"
             kw["type"] = inner
@@ -181,8 +181,7 @@ def from_arguments(cls: type[Section], args: argparse.Namespace, base: dict | No
             continue
         given = getattr(args, prefix + name, _ABSENT)
         if given is not _ABSENT:
-            origin = typing.get_origin(t)
-            values[name] = tuple(given) if origin is tuple and given is not None else given
+            values[name] = given
     if prefix and not any(getattr(args, prefix + n, _ABSENT) is not _ABSENT
                           for n in cls.model_fields) and not base:
         return None

@@ -15,8 +15,8 @@ import datetime
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.distributed as dist

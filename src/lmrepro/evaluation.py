@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -20,7 +20,8 @@ def cosine_lr(step: int, total_steps: int, warmup_steps: int, base_lr: float,
         return base_lr * (step + 1) / warmup_steps
     span = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / span)
-    return base_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return base_lr * (min_lr_ratio
+                      + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 @torch.no_grad()

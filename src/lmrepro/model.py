@@ -44,7 +44,7 @@ class ModelConfig(Section):
                                  "input embedding")
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelConfig":
+    def _heads_divide(self) -> ModelConfig:
         if self.d_model % self.n_heads:
             raise field_error("n_heads", self.n_heads, f"must divide d_model = {self.d_model}")
         return self
@@ -145,7 +145,8 @@ class ByteTransformer(nn.Module):
     def forward(
         self, idx: torch.Tensor, return_hidden: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Logits ``(B, T, 256)``; with ``return_hidden`` also ``[h_1, ..., h_L]`` (block outputs)."""
+        """Logits ``(B, T, 256)``; with ``return_hidden`` also the block outputs
+        ``[h_1, ..., h_L]``."""
         h = self.embed(idx)
         hidden = []
         for block in self.blocks:
@@ -169,7 +170,8 @@ def nats_to_bits(x: float) -> float:
 
 
 def train_flops_per_token(cfg: ModelConfig) -> float:
-    """Approximate training FLOPs per token: 6 x matmul parameters + attention (Kaplan et al. 2020)."""
+    """Approximate training FLOPs per token: 6 x matmul parameters + attention
+    (Kaplan et al. 2020)."""
     d, L, t = cfg.d_model, cfg.n_layers, cfg.context
     matmul_params = L * (4 * d * d + 2 * cfg.mlp_ratio * d * d) + d * VOCAB_SIZE
     attn = L * 2 * t * d  # QK^T and AV per token (forward), average context ~ t/2 counted twice

@@ -28,8 +28,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmrepro.errors import ParameterError, check
-from lmrepro.io import (atomic_torch_save, atomic_write_json, atomic_write_text, read_json,
-                        read_jsonl, torch_load)
+from lmrepro.io import (
+    atomic_torch_save,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    read_jsonl,
+    torch_load,
+)
 
 SUMMARY = "summary.json"
 EVAL_LOSSES = "eval_losses.json"
@@ -39,7 +45,7 @@ LATEST = "latest.json"
 BYTE_KINDS = ("grad_values", "param_values", "mask", "total")
 
 
-class Method(str, enum.Enum):
+class Method(enum.StrEnum):
     """What a run trained with; the analysis picks baselines by this role, never by run name."""
 
     BACKPROP = "backprop"      # single-process global backprop with AdamW (baseline, RGC's foil)
@@ -234,7 +240,7 @@ def prepare_runs_dir(runs_dir: str | Path, identity: dict[str, Any]) -> Path:
     identity = json.loads(json.dumps(identity, sort_keys=True, default=str))
     if runs_dir.exists() and any(runs_dir.iterdir()) and (
             not marker.exists() or read_json(marker) != identity):
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
         aside = runs_dir.with_name(f"{runs_dir.name}.stale-{stamp}")
         runs_dir.rename(aside)
         import logging

@@ -14,7 +14,8 @@ from lmrepro.results import prepare_runs_dir, write_stage_products
 def run_suite(suite: BaselineSuite, model: ModelConfig, seed: int, prepared_dir: str | Path,
               stage_dir: str | Path = "results/baseline", progress: bool = True
               ) -> dict[str, dict]:
-    """Train ``model`` on every corpus of ``suite.corpora`` into ``stage_dir/runs/<corpus>/backprop``
+    """Train ``model`` on every corpus of ``suite.corpora`` into
+    ``stage_dir/runs/<corpus>/backprop``
     (resuming from checkpoints); write the stage's DVC metrics and plots; return the summaries."""
     stage_dir = Path(stage_dir)
     prepare_runs_dir(stage_dir / "runs", {

@@ -6,9 +6,9 @@ per-batch evaluation losses of the final model saved for the paired statistics.
 
 Resumable: every ``checkpoint_every`` steps the model, the optimizer, the batch generator's state
 and the step are written atomically to ``out_dir/checkpoints/`` (:mod:`lmrepro.results`). A run
-started again with the same arguments continues from there; ``metrics.jsonl`` is cut back to the checkpointed step, so a
-run killed at any point and resumed ends with the same parameters and metrics, bit for bit on
-CPU, as one that was never interrupted.
+started again with the same arguments continues from there; ``metrics.jsonl`` is cut back to the
+checkpointed step, so a run killed at any point and resumed ends with the same parameters and
+metrics, bit for bit on CPU, as one that was never interrupted.
 """
 
 from __future__ import annotations
@@ -27,8 +27,17 @@ from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import weight_decay_groups
-from lmrepro.results import (METRICS, Method, RunSummary, checkpoint, load_checkpoint,
-                             peak_rss_bytes, truncate_metrics, write_eval_losses, write_summary)
+from lmrepro.results import (
+    METRICS,
+    Method,
+    RunSummary,
+    checkpoint,
+    load_checkpoint,
+    peak_rss_bytes,
+    truncate_metrics,
+    write_eval_losses,
+    write_summary,
+)
 
 log = logging.getLogger(__name__)
 

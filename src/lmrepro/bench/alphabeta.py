@@ -16,8 +16,8 @@ waited for only in the next step (SCAPE's mask all-gather) is hidden behind up t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 

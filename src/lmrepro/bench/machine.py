@@ -59,7 +59,7 @@ def machine_info() -> dict[str, Any]:
     except AttributeError:
         affinity = os.cpu_count() or 0
     return {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "hostname": platform.node(),
         "cpu_model": cpu_model(),
         "cpu_flags": cpu_flags(),

@@ -23,8 +23,8 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Sequence
 
 #: Default loopback MTU on Linux (64 KiB). A token bucket must hold at least one packet, so with
 #: this MTU every burst up to a few hundred KB would pass at memory speed after an idle period.
@@ -181,7 +181,7 @@ class ShapedNamespace:
             subprocess.run([self.ip, "netns", "del", self.name], capture_output=True)
             self.created = False
 
-    def __enter__(self) -> "ShapedNamespace":
+    def __enter__(self) -> ShapedNamespace:
         def _term(signum: int, frame: object) -> None:
             raise KeyboardInterrupt(f"signal {signum}")
 

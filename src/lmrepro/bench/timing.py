@@ -5,8 +5,9 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 
 def summarize(times_s: Sequence[float]) -> dict[str, float]:

@@ -8,7 +8,7 @@ paired across methods, as the non-inferiority test needs.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch

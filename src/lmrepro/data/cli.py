@@ -90,7 +90,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``install-corpus``, ``fetch`` and ``prepare`` to the ``lmrepro`` command."""
     p = subparsers.add_parser("install-corpus",
                               help="install the embedded offline corpus (Shakespeare)")

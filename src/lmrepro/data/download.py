@@ -32,7 +32,7 @@ _CHUNK = 1 << 20
 _USER_AGENT = "lmrepro-data-fetch/1 (+urllib)"
 
 
-def copy_hashed(src: BinaryIO, out: BinaryIO, h: "hashlib._Hash", progress: Any = None) -> int:
+def copy_hashed(src: BinaryIO, out: BinaryIO, h: hashlib._Hash, progress: Any = None) -> int:
     """Copy ``src`` into ``out`` in chunks, feeding every chunk to ``h``; return the byte count."""
     n = 0
     for block in iter(lambda: src.read(_CHUNK), b""):

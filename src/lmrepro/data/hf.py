@@ -14,8 +14,9 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO
 
 from tqdm.auto import tqdm
 

@@ -15,8 +15,9 @@ import hashlib
 import logging
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

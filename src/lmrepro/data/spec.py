@@ -17,16 +17,29 @@ manifest records. Messages name the key path, the value and the rule, e.g.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Callable, ClassVar, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (AfterValidator, BeforeValidator, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from lmrepro.config import Section
 from lmrepro.data.embedded import SHAKESPEARE_TXT_SHA256
-from lmrepro.data.prepare import (DEFAULT_SPLIT_BYTES, DEFAULT_SPLIT_FRACTIONS, SPLIT_BYTES_RULE,
-                                  SPLIT_FRACTIONS_RULE, valid_split_bytes, valid_split_fractions)
+from lmrepro.data.prepare import (
+    DEFAULT_SPLIT_BYTES,
+    DEFAULT_SPLIT_FRACTIONS,
+    SPLIT_BYTES_RULE,
+    SPLIT_FRACTIONS_RULE,
+    valid_split_bytes,
+    valid_split_fractions,
+)
 from lmrepro.errors import ParameterError, check
 
 __all__ = [
@@ -127,7 +140,7 @@ class _Corpus(Section):
         return True
 
     @model_validator(mode="after")
-    def _one_split_rule(self) -> "_Corpus":
+    def _one_split_rule(self) -> _Corpus:
         check(self.split_bytes is None or self.split_fractions is None, "split_bytes",
               self.split_bytes, "give split_bytes or split_fractions, not both")
         return self
@@ -158,7 +171,7 @@ class Enwik8Spec(_Corpus):
     timeout: _Seconds = Field(60.0, description="of the download connection")
 
     @model_validator(mode="after")
-    def _pinned(self) -> "Enwik8Spec":
+    def _pinned(self) -> Enwik8Spec:
         check(self.sha256 is not None or self.raw_sha256 is not None, "sha256", None,
               "pin at least one of sha256 (zip) and raw_sha256 (unzipped)")
         return self
@@ -191,7 +204,7 @@ class HfSpec(_Corpus):
         return data.get("val_split") is None
 
     @model_validator(mode="after")
-    def _splits(self) -> "HfSpec":
+    def _splits(self) -> HfSpec:
         if self.val_split is None:
             check(self.test_split is None, "test_split", self.test_split, "needs val_split")
             check(self.val_byte_budget is None, "val_byte_budget", self.val_byte_budget,
@@ -245,7 +258,7 @@ class DataConfig(Section):
                 err.title, [_at_corpus_key(e, value) for e in err.errors()]) from None
 
     @model_validator(mode="after")
-    def _use_known(self) -> "DataConfig":
+    def _use_known(self) -> DataConfig:
         for i, name in enumerate(self.use):
             check(name in self.corpora, f"use[{i}]", name, "is not a corpus defined under "
                   f"data.corpora (known: {sorted(self.corpora)})")

@@ -15,8 +15,9 @@ world size.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist

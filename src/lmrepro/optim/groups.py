@@ -9,7 +9,8 @@ embedding table, so it is not decayed either.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 

@@ -37,14 +37,28 @@ the averaged gradient.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 from .adams import adams_update, check_hyperparameters
-from .comm import (Comm, FlatParams, ShardLayout, check_grads, check_params, check_same_size,
-                   check_sparsity, decode_mask, encode_mask, encoded_nbytes, keep_count,
-                   mask_encoding, select_topk_sorted, split_named)
+from .comm import (
+    Comm,
+    FlatParams,
+    ShardLayout,
+    check_grads,
+    check_params,
+    check_same_size,
+    check_sparsity,
+    decode_mask,
+    encode_mask,
+    encoded_nbytes,
+    keep_count,
+    mask_encoding,
+    select_topk_sorted,
+    split_named,
+)
 from .errors import ParameterError, check
 
 MaskScore = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -247,7 +261,7 @@ class SCAPE(torch.optim.Optimizer):
         return loss
 
     # -- checkpointing -----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         """This rank's shard state (m, master, optional v), its residual, the step, and the next
         mask already gathered (waits for the in-flight all-gather). Tensors and plain types only:
         loadable with ``torch.load(weights_only=True)``."""
@@ -270,7 +284,7 @@ class SCAPE(torch.optim.Optimizer):
                       "eps": g["eps"], "weight_decay": g["weight_decay"]},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state saved by the same rank of an identical set-up. The model parameters
         must be restored separately (they are replicated; the master shard here must match)."""
         check(isinstance(state, dict) and state.get("format") == "lmrepro.SCAPE/1",

@@ -14,14 +14,28 @@ the instability at high sparsity that SCAPE's first-moment mask avoids.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 from .adams import check_hyperparameters
-from .comm import (Comm, check_grads, check_params, check_same_size, check_sparsity,
-                   decode_mask, encode_mask, encoded_nbytes, flat_to_grads, grads_to_flat,
-                   keep_count, mask_encoding, select_topk_sorted, split_named)
+from .comm import (
+    Comm,
+    check_grads,
+    check_params,
+    check_same_size,
+    check_sparsity,
+    decode_mask,
+    encode_mask,
+    encoded_nbytes,
+    flat_to_grads,
+    grads_to_flat,
+    keep_count,
+    mask_encoding,
+    select_topk_sorted,
+    split_named,
+)
 from .errors import check
 
 
@@ -40,7 +54,7 @@ class TopKEF(torch.optim.AdamW):
         check_sparsity(sparsity, "TopKEF")
         tensors, self._names = split_named(params)
         check_params(tensors, self._names, "TopKEF")
-        super().__init__(tensors, lr=lr, betas=tuple(betas), eps=eps,
+        super().__init__(tensors, lr=lr, betas=(betas[0], betas[1]), eps=eps,
                          weight_decay=weight_decay, foreach=False)
         check(len(self.param_groups) == 1, "TopKEF.params", f"{len(self.param_groups)} groups",
               "must be a single parameter group")
@@ -93,12 +107,12 @@ class TopKEF(torch.optim.AdamW):
         comm.end_step()
         return loss
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
         sd["topk_residual"] = self.residual.clone()
         return sd
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         residual = state_dict.pop("topk_residual")
         super().load_state_dict(state_dict)

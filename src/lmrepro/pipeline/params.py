@@ -49,7 +49,7 @@ class Params(Section):
     stats: StatsConfig = StatsConfig()
 
     @model_validator(mode="after")
-    def _corpora_prepared(self) -> "Params":
+    def _corpora_prepared(self) -> Params:
         used = [(f"train.corpora[{i}]", c) for i, c in enumerate(self.train.corpora)]
         used += [(f"rgc.corpora[{i}]", c) for i, c in enumerate(self.rgc.corpora)]
         used.append(("scape.corpus", self.scape.corpus))

@@ -389,7 +389,7 @@ def build_index(reports_dir: str | os.PathLike, params_path: str | os.PathLike,
     out_dir = out.parent if str(out.parent) else Path(".")
     links = [(urllib.parse.quote(os.path.relpath(p, out_dir).replace(os.sep, "/")),
               report_title(p)) for p in reports]
-    stamp = (now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds")
+    stamp = (now or _dt.datetime.now(_dt.UTC)).isoformat(timespec="seconds")
     prov = {
         "generated_at": stamp,
         "git": git_info(repo_dir if repo_dir is not None else Path.cwd()),

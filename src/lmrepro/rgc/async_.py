@@ -29,7 +29,6 @@ noticed from its exit code. Every queue get/put and the collective have timeouts
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import queue as queue_mod
 import time
@@ -47,14 +46,34 @@ from lmrepro.distributed import free_port
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
 from lmrepro.optim.comm import flat_to_grads, grads_to_flat
-from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
-                                evaluate, load_state, lr_at, make_adamw, make_summary,
-                                micro_batches, run_identity, save_state, set_lr,
-                                state_from_bytes, state_to_bytes)
+from lmrepro.rgc.common import (
+    Clock,
+    Recorder,
+    TrainResult,
+    batch_generator,
+    build_model,
+    evaluate,
+    load_state,
+    lr_at,
+    make_adamw,
+    make_summary,
+    micro_batches,
+    run_identity,
+    save_state,
+    set_lr,
+    state_from_bytes,
+    state_to_bytes,
+)
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.memory import PeakRSSSampler
-from lmrepro.rgc.stages import (decoder_parameters, local_loss, run_stage, stage_bounds,
-                                stage_parameter_names, stage_parameters)
+from lmrepro.rgc.stages import (
+    decoder_parameters,
+    local_loss,
+    run_stage,
+    stage_bounds,
+    stage_parameter_names,
+    stage_parameters,
+)
 
 POLL_S = 0.5
 
@@ -78,7 +97,8 @@ def _get(q: Any, stop: Any, timeout_s: float, what: str) -> Any:
         except queue_mod.Empty:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {timeout_s:.0f} s for {what} "
-                                   "(rgc.worker_timeout_s); is the previous stage alive?")
+                                   "(rgc.worker_timeout_s); is the previous stage alive?"
+                                   ) from None
 
 
 def _put(q: Any, item: Any, stop: Any, timeout_s: float, what: str) -> None:
@@ -92,7 +112,8 @@ def _put(q: Any, item: Any, stop: Any, timeout_s: float, what: str) -> None:
         except queue_mod.Full:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {timeout_s:.0f} s to send {what} "
-                                   "(rgc.worker_timeout_s); is the next stage alive?")
+                                   "(rgc.worker_timeout_s); is the next stage alive?"
+                                   ) from None
 
 
 class _Stopped(Exception):
@@ -282,10 +303,12 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
                 for k, p in enumerate(procs):
                     if p.exitcode is not None and p.exitcode != 0:
                         raise StageWorkerError(k, f"process exited with code {p.exitcode} "
-                                                  "without a traceback (killed or crashed)")
+                                                  "without a traceback (killed or crashed)"
+                                               ) from None
                 if time.monotonic() - last_msg > silence_limit:
                     raise TimeoutError(f"no RGC stage reported for {silence_limit:.0f} s "
-                                       "(rgc.worker_timeout_s + 60 s); stopped the run")
+                                       "(rgc.worker_timeout_s + 60 s); stopped the run"
+                                       ) from None
                 continue
             kind, k = msg[0], msg[1]
             if kind == "error":

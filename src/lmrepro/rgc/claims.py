@@ -7,8 +7,7 @@ import dataclasses
 import math
 
 from lmrepro.errors import check
-from lmrepro.pipeline.analysis import (GIB, ROLE_BACKPROP, ROLE_RGC_ASYNC, AnalysisRecords,
-                                       RunRecord)
+from lmrepro.pipeline.analysis import GIB, ROLE_BACKPROP, ROLE_RGC_ASYNC, AnalysisRecords, RunRecord
 from lmrepro.pipeline.claims import Claim, Measured, noninferiority_measure, runs_of, same_setting
 
 PAPER = "RGC (bounded-horizon local training)"

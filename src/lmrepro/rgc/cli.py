@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``train-rgc`` to the project's CLI (called by :mod:`lmrepro.cli`)."""
     p = subparsers.add_parser("train-rgc", help="RGC (sync/async) or global-backprop run",
                               description=__doc__.split("\n\n")[0])

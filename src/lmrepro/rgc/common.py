@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import io as _io
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,8 +22,15 @@ from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.groups import weight_decay_groups
-from lmrepro.results import (Method, RunSummary, checkpoint, load_checkpoint, truncate_metrics,
-                             write_eval_losses, write_summary)
+from lmrepro.results import (
+    Method,
+    RunSummary,
+    checkpoint,
+    load_checkpoint,
+    truncate_metrics,
+    write_eval_losses,
+    write_summary,
+)
 from lmrepro.rgc.config import RGCConfig
 
 
@@ -66,8 +74,8 @@ def synthetic_corpus(n_bytes: int = 200_000, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     words = [w.encode() for w in (
         "the of and to in is was for on that with as by at from his her it an were are which "
-        "this be or has had not but first one their its new after who they have two "
-        "river stone garden winter morning letter music light").split()]
+        "this be or has had not but first one their its new after who they have two river "
+        "stone garden winter morning letter music light").split()]
     out = bytearray()
     while len(out) < n_bytes:
         sentence = b" ".join(words[i] for i in rng.integers(0, len(words), rng.integers(4, 14)))

@@ -75,7 +75,7 @@ class RGCConfig(Section):
         return list(v) if isinstance(v, tuple) else v
 
     @model_validator(mode="after")
-    def _cross_field(self) -> "RGCConfig":
+    def _cross_field(self) -> RGCConfig:
         if self.n_layers % self.n_stages:
             raise field_error("n_stages", self.n_stages,
                               f"must divide n_layers = {self.n_layers} (each stage holds "
@@ -127,7 +127,7 @@ class RGCSuite(RGCConfig):
         min_length=1, description="async RGC, sync RGC and/or global backprop")
 
     @model_validator(mode="after")
-    def _async_horizon(self) -> "RGCSuite":
+    def _async_horizon(self) -> RGCSuite:
         if "async" in self.executors and self.horizon != 1:
             raise field_error("horizon", self.horizon, "must be 1 when executors include "
                               "'async' (the async executor exchanges only detached "

@@ -76,7 +76,7 @@ class PeakRSSSampler:
             self.sample()
             self._stop.wait(self.interval_s)
 
-    def start(self) -> "PeakRSSSampler":
+    def start(self) -> PeakRSSSampler:
         self.sample()
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
         self._thread.start()
@@ -89,7 +89,7 @@ class PeakRSSSampler:
         self.sample()
         return self.peak_bytes
 
-    def __enter__(self) -> "PeakRSSSampler":
+    def __enter__(self) -> PeakRSSSampler:
         return self.start()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,

@@ -17,8 +17,8 @@ the last stage's loss equals plain backprop of the model's own loss ``CE(D(h_L),
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn as nn

@@ -18,13 +18,31 @@ import torch
 
 from lmrepro.data.batches import sample_batch
 from lmrepro.evaluation import bits_per_byte
-from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
-                                evaluate, load_state, lr_at, make_adamw, make_summary,
-                                micro_batches, run_identity, save_state, set_lr)
+from lmrepro.rgc.common import (
+    Clock,
+    Recorder,
+    TrainResult,
+    batch_generator,
+    build_model,
+    evaluate,
+    load_state,
+    lr_at,
+    make_adamw,
+    make_summary,
+    micro_batches,
+    run_identity,
+    save_state,
+    set_lr,
+)
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.memory import PeakRSSSampler
-from lmrepro.rgc.stages import (accumulate_backprop_grads, accumulate_rgc_grads,
-                                decoder_parameters, stage_bounds, stage_parameters)
+from lmrepro.rgc.stages import (
+    accumulate_backprop_grads,
+    accumulate_rgc_grads,
+    decoder_parameters,
+    stage_bounds,
+    stage_parameters,
+)
 
 
 def make_optimizers(model: torch.nn.Module, cfg: RGCConfig, executor: str

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``train-scape`` to the ``lmrepro`` command."""
     p = subparsers.add_parser("train-scape", help="one torchrun worker of a SCAPE / baseline run",
                               description=__doc__.split("\n\n")[0])

@@ -62,7 +62,7 @@ class ScapeRun(Section):
                             "not sent per step (0 for the dense optimizers)")
 
     @model_validator(mode="after")
-    def _dense_is_dense(self) -> "ScapeRun":
+    def _dense_is_dense(self) -> ScapeRun:
         if self.optimizer in DENSE and self.sparsity != 0.0:
             raise field_error("sparsity", self.sparsity,
                               f"must be 0 for the dense optimizer {self.optimizer!r}")
@@ -86,7 +86,7 @@ class ScapeSuite(ScapeConfig):
     runs: list[ScapeRun] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "ScapeSuite":
+    def _unique_names(self) -> ScapeSuite:
         names = [r.run_name for r in self.runs]
         if len(set(names)) != len(names):
             raise field_error("runs", names, "run names must be unique")

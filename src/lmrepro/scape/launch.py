@@ -18,8 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from lmrepro.errors import check
 from lmrepro.model import ModelConfig

@@ -34,16 +34,33 @@ import torch.distributed as dist
 
 from lmrepro.data.batches import sample_batch
 from lmrepro.data.prepare import load_split
-from lmrepro.distributed import (DistContext, DistributedFailure, collective_guard,
-                                 init_from_env, report_failure, shutdown)
+from lmrepro.distributed import (
+    DistContext,
+    DistributedFailure,
+    collective_guard,
+    init_from_env,
+    report_failure,
+    shutdown,
+)
 from lmrepro.errors import ParameterError
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl, atomic_torch_save, read_jsonl
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import SCAPE, AdamS, DenseDP, TopKEF, weight_decay_groups
-from lmrepro.results import (METRICS, SUMMARY, Method, RunSummary, load_checkpoint,
-                             mean_bytes, peak_rss_bytes, publish_checkpoint, save_checkpoint,
-                             truncate_metrics, write_eval_losses, write_summary)
+from lmrepro.results import (
+    METRICS,
+    SUMMARY,
+    Method,
+    RunSummary,
+    load_checkpoint,
+    mean_bytes,
+    peak_rss_bytes,
+    publish_checkpoint,
+    save_checkpoint,
+    truncate_metrics,
+    write_eval_losses,
+    write_summary,
+)
 from lmrepro.scape.config import RESUME_FREE, ScapeConfig, ScapeRun
 
 FINAL_MODEL = "model_final.pt"
