@@ -1,4 +1,6 @@
-"""Evaluation and learning-rate schedule shared by every trainer (single-process, SCAPE, RGC)."""
+"""What every trainer shares (single-process, SCAPE, RGC): the settings of a training run's
+schedule, optimizer and evaluation (:class:`TrainingConfig`), the learning-rate schedule and the
+fixed evaluation batches."""
 
 from __future__ import annotations
 
@@ -7,9 +9,34 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from pydantic import Field
 
+from lmrepro.config import Section
 from lmrepro.data.batches import eval_batches
 from lmrepro.model import lm_loss
+
+
+class TrainingConfig(Section):
+    """The settings every trainer's configuration starts from (declared once, here): steps and
+    batch, the warm-up + cosine schedule (:func:`cosine_lr`), the Adam-family hyper-parameters,
+    the fixed evaluation set and the checkpoint cadence."""
+
+    steps: int = Field(default=200, ge=1, description="optimizer steps")
+    batch_size: int = Field(default=16, ge=1, description="sequences per step (per worker for "
+                            "data-parallel runs)")
+    lr: float = Field(default=1e-3, gt=0.0, le=1.0, description="peak learning rate")
+    warmup_steps: int = Field(default=20, ge=0, description="linear warm-up steps")
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0,
+                                description="final lr / peak lr of the cosine decay")
+    weight_decay: float = Field(default=0.1, ge=0.0, description="decoupled weight decay "
+                                "(matrices only: lmrepro.optim.groups)")
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
+    eps: float = Field(default=1e-8, gt=0.0)
+    eval_batches: int = Field(default=16, ge=1, description="fixed evaluation batches")
+    eval_batch_size: int = Field(default=16, ge=1)
+    checkpoint_every: int = Field(default=50, ge=0, description="steps between checkpoints; "
+                                  "0: no periodic checkpoints")
 
 
 def cosine_lr(step: int, total_steps: int, warmup_steps: int, base_lr: float,

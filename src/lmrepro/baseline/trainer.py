@@ -53,7 +53,7 @@ def make_optimizer(model: torch.nn.Module, s: BaselineConfig) -> torch.optim.Ada
     groups = weight_decay_groups(model, s.weight_decay)
     impl = s.optimizer_impl
     kw = {"foreach": impl == "foreach"} if impl != "fused" else {"fused": True}
-    return torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), **kw)
+    return torch.optim.AdamW(groups, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps, **kw)
 
 
 def compiled_forward(model: torch.nn.Module, s: BaselineConfig) -> torch.nn.Module:
@@ -137,7 +137,8 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
                                                 settings.eval_batch_size, settings.eval_batches))
             model.train()
             append_jsonl(metrics_path, {"step": step, "eval_bpb": bpb})
-        if done % settings.checkpoint_every == 0 or done == settings.steps:
+        if (settings.checkpoint_every and done % settings.checkpoint_every == 0
+                or done == settings.steps):
             checkpoint(out_dir, done, {"model": model.state_dict(),
                                        "optimizer": opt.state_dict(),
                                        "generator": gen.get_state(), "elapsed_s": elapsed},

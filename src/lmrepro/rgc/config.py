@@ -1,9 +1,10 @@
 """Configuration of an RGC run (DESIGN.md, "RGC, reference design").
 
-:class:`RGCConfig` (a :class:`lmrepro.config.Section`) holds the model shape, the stage cut, the
-horizon, the optimizer, the evaluation settings and the thread budget of every executor;
-:class:`RGCSuite`, the ``rgc:`` section of ``params.yaml``, adds the corpora and executors. Bad
-values raise :class:`lmrepro.errors.ConfigError` naming the key, the value and what is allowed.
+:class:`RGCConfig` (a :class:`lmrepro.evaluation.TrainingConfig`) holds the model shape, the
+stage cut, the horizon, the optimizer, the evaluation settings and the thread budget of every
+executor; :class:`RGCSuite`, the ``rgc:`` section of ``params.yaml``, adds the corpora and
+executors. Bad values raise :class:`lmrepro.errors.ConfigError` naming the key, the value and
+what is allowed.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from lmrepro.config import Section, field_error
+from lmrepro.config import field_error
 from lmrepro.errors import check
+from lmrepro.evaluation import TrainingConfig
 from lmrepro.model import ModelConfig
 
 EXECUTORS = ("sync", "async", "backprop")
@@ -25,7 +27,7 @@ class ThreadOversubscriptionWarning(RuntimeWarning):
     """More worker threads were asked for than the machine has cores."""
 
 
-class RGCConfig(Section):
+class RGCConfig(TrainingConfig):
     """Everything one RGC (or matched global-backprop) run needs; the seed is the run's argument.
 
     ``horizon`` H in ``[1, n_stages]``: the gradient of stage k's loss reaches stages
@@ -45,27 +47,14 @@ class RGCConfig(Section):
     n_heads: int = Field(default=4, ge=1)
     context: int = Field(default=128, ge=2)
     mlp_ratio: int = Field(default=4, ge=1)
-    lr: float = Field(default=1e-3, gt=0.0, le=1.0, description="peak learning rate")
-    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
-    warmup_steps: int = Field(default=20, ge=0)
-    weight_decay: float = Field(default=0.1, ge=0.0)
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
-    eps: float = Field(default=1e-8, gt=0.0)
-    steps: int = Field(default=200, ge=1, description="optimizer steps")
-    batch_size: int = Field(default=16, ge=1, description="sequences per step")
     micro_batches: int = Field(default=4, ge=1, description="must divide batch_size")
     threads_per_stage: list[int] | None = Field(default=None, description="async: threads of "
                                                 "each stage worker; null for 1 each")
     backprop_threads: int | None = Field(default=None, ge=1, description="sync/backprop "
                                          "threads; null for sum(threads_per_stage)")
     queue_size: int = Field(default=2, ge=1, description="async: micro-batches per queue")
-    eval_batch_size: int = Field(default=16, ge=1)
-    eval_batches: int = Field(default=16, ge=1)
     eval_every: int = Field(default=0, ge=0, description="evaluate every this many steps; 0: "
                             "only at the end")
-    checkpoint_every: int = Field(default=50, ge=0, description="with a run directory, "
-                                  "checkpoint every this many steps; 0: never")
     worker_timeout_s: float = Field(default=300.0, gt=0.0, description="an async stage waiting "
                                     "this long on a queue or collective fails the run")
 

@@ -13,31 +13,19 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from lmrepro.config import Section, field_error
+from lmrepro.evaluation import TrainingConfig
 from lmrepro.model import ModelConfig
 
 OPTIMIZERS = ("adamw", "adams", "scape", "topk")
 DENSE = ("adamw", "adams")
 
 
-class ScapeConfig(Section):
-    """Hyper-parameters shared by every run of the suite (one ``train-scape`` worker each)."""
+class ScapeConfig(TrainingConfig):
+    """Hyper-parameters shared by every run of the suite (one ``train-scape`` worker each);
+    ``batch_size`` is per worker."""
 
     key: ClassVar[str] = "scape"
 
-    steps: int = Field(ge=1, description="optimizer steps")
-    batch_size: int = Field(ge=1, description="sequences per worker per step")
-    lr: float = Field(gt=0.0, le=1.0, description="peak learning rate")
-    warmup_steps: int = Field(ge=0, description="linear warm-up steps")
-    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0,
-                                description="final lr / peak lr of the cosine decay")
-    weight_decay: float = Field(default=0.0, ge=0.0, description="decoupled weight decay")
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
-    eps: float = Field(default=1e-8, gt=0.0)
-    eval_batches: int = Field(default=8, ge=1, description="fixed evaluation batches")
-    eval_batch_size: int = Field(default=8, ge=1)
-    checkpoint_every: int = Field(default=50, ge=0, description="steps between checkpoints; "
-                                  "0 disables them")
     timeout_s: float = Field(default=60.0, gt=0.0, description="process-group timeout: a dead "
                              "or stalled peer fails the run after this")
     threads: int = Field(default=1, ge=1, description="torch threads per worker")
