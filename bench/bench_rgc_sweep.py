@@ -8,7 +8,7 @@ with ``threads_per_stage`` intra-op threads, and global backprop runs in one pro
 *oversubscribed* (it is the only way to run 4 stages on 2 cores).
 
 Reported per run: the project's own tokens/s (training only) and peak RSS of the process tree
-(:class:`lmrepro.rgc.memory.PeakRSSSampler`, which counts shared library pages once per process),
+(:class:`lmrepro.memory.MemorySampler`, which counts shared library pages once per process),
 plus, sampled by this benchmark from outside, the peak PSS of the process tree (shared pages
 split between the processes sharing them), which is fairer to multi-process executors.
 Every run is a fresh child process (``--one``), so no run inherits another's memory or helper

@@ -388,13 +388,8 @@ def analyse_link(res: dict, fits: dict[str, Any]) -> dict[str, Any]:
     ``ideal`` prices each collective with its own fit (gloo's algorithms as they are);
     ``link_limit`` prices the bytes a bandwidth-optimal algorithm would put on the link with the
     ping-pong fit (the link's own limit)."""
-    from lmrepro.bench.alphabeta import (
-        comm_time,
-        fraction_of_ideal,
-        ideal_step_time,
-        link_limit_comm_time,
-        speedup,
-    )
+    from lmrepro.bench.alphabeta import (comm_time, fraction_of_ideal, ideal_step_time,
+                                         link_limit_comm_time, speedup)
 
     runs = {(r["method"], r["mode"]): r for r in res["runs"]}
     methods = sorted({r["method"] for r in res["runs"]}, key=METHODS.index)

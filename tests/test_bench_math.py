@@ -7,23 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from lmrepro.bench.alphabeta import (
-    AlphaBeta,
-    comm_time,
-    fit_alpha_beta,
-    fraction_of_ideal,
-    ideal_step_time,
-    speedup,
-)
+from lmrepro.bench.alphabeta import (AlphaBeta, comm_time, fit_alpha_beta, fraction_of_ideal,
+                                     ideal_step_time, speedup)
 from lmrepro.bench.flops import matmul_flops, mfu, model_matmul_shapes
-from lmrepro.bench.netns import (
-    LO_MTU,
-    SHAPED_MTU,
-    namespace_name,
-    netns_exec_prefix,
-    tbf_burst_bytes,
-    tbf_command,
-)
+from lmrepro.bench.netns import (LO_MTU, SHAPED_MTU, namespace_name, netns_exec_prefix,
+                                 tbf_burst_bytes, tbf_command)
 from lmrepro.bench.timing import PhaseTimer, summarize
 from lmrepro.model import ModelConfig, train_flops_per_token
 

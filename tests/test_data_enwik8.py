@@ -12,14 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lmrepro.data import (
-    DataConfig,
-    Enwik8Spec,
-    IntegrityError,
-    SourceUnavailableError,
-    fetch_corpus,
-    fetch_enwik8,
-)
+from lmrepro.data import (DataConfig, Enwik8Spec, IntegrityError, SourceUnavailableError,
+                          fetch_corpus, fetch_enwik8)
 from lmrepro.errors import ParameterError
 
 RAW = bytes((i * 7 + i // 13) % 251 for i in range(20_000)) + b"<page>enwik8-like</page>\n" * 40

@@ -8,22 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from lmrepro.data import (
-    CorpusSpec,
-    DataConfig,
-    EmbeddedSpec,
-    IntegrityError,
-    SourceUnavailableError,
-    data_identity,
-    fetch_all,
-    is_prepared,
-    load_split,
-    load_splits,
-    prepare_all,
-    prepare_corpus,
-    prepare_from_spec,
-    read_manifest,
-)
+from lmrepro.data import (CorpusSpec, DataConfig, EmbeddedSpec, IntegrityError,
+                          SourceUnavailableError, data_identity, fetch_all, is_prepared, load_split,
+                          load_splits, prepare_all, prepare_corpus, prepare_from_spec,
+                          read_manifest)
 from lmrepro.data.prepare import split_sizes_from_fractions
 from lmrepro.errors import ParameterError
 

@@ -12,18 +12,9 @@ from lmrepro.errors import ParameterError
 from lmrepro.model import ByteTransformer, lm_loss
 from lmrepro.rgc import RGCConfig, ThreadOversubscriptionWarning, consensus_decoder_grad
 from lmrepro.rgc.config import check_threads
-from lmrepro.rgc.stages import (
-    accumulate_rgc_grads,
-    decoder_parameters,
-    forward_stages,
-    horizon_window,
-    local_loss,
-    run_stage,
-    stage_bounds,
-    stage_local_grads,
-    stage_parameter_names,
-    stage_parameters,
-)
+from lmrepro.rgc.stages import (accumulate_rgc_grads, decoder_parameters, forward_stages,
+                                horizon_window, local_loss, run_stage, stage_bounds,
+                                stage_local_grads, stage_parameter_names, stage_parameters)
 
 torch.set_num_threads(1)
 

@@ -170,9 +170,9 @@ def test_cli_train_rgc(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 
 
 def test_peak_rss_counts_child_processes() -> None:
-    from lmrepro.rgc.memory import PeakRSSSampler
+    from lmrepro.memory import MemorySampler
 
-    sampler = PeakRSSSampler(interval_s=0.02)
+    sampler = MemorySampler(interval_s=0.02)
     own = sampler.sample()  # this process tree (multiprocessing helpers excluded)
     with sampler:
         child = subprocess.Popen([sys.executable, "-c",

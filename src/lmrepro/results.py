@@ -20,7 +20,6 @@ from __future__ import annotations
 import enum
 import json
 import math
-import resource
 import shutil
 from pathlib import Path
 from typing import Any
@@ -28,14 +27,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmrepro.errors import ParameterError, check
-from lmrepro.io import (
-    atomic_torch_save,
-    atomic_write_json,
-    atomic_write_text,
-    read_json,
-    read_jsonl,
-    torch_load,
-)
+from lmrepro.io import (atomic_torch_save, atomic_write_json, atomic_write_text, read_json,
+                        read_jsonl, torch_load)
 
 SUMMARY = "summary.json"
 EVAL_LOSSES = "eval_losses.json"
@@ -63,7 +56,11 @@ class RunSummary(BaseModel):
     checkpoints and evaluation excluded where the trainer can); a run resumed with nothing left to
     train keeps the figures of the invocation that trained it. ``processes`` and ``threads`` are the
     compute the run used (data-parallel workers or stage processes; their intra-op threads in
-    total). Non-finite numbers are refused: a run that produced one is not a finished run.
+    total). Peak memory is that of the run's process tree as RSS, PSS and USS
+    (:mod:`lmrepro.memory`), beside the footprint of an idle torch process on the same machine;
+    ``step_time_std_s`` is the standard deviation of the logged step times (the spread a timing
+    comparison must exceed). Non-finite numbers are refused: a run that produced one is not a
+    finished run.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, use_enum_values=True)
@@ -78,7 +75,11 @@ class RunSummary(BaseModel):
     tokens_per_s: float = Field(gt=0)
     mean_step_time_s: float = Field(gt=0)
     train_time_s: float = Field(gt=0)
+    step_time_std_s: float | None = Field(default=None, ge=0)   # spread of the step times
     peak_rss_bytes: int = Field(ge=0)
+    peak_pss_bytes: int | None = Field(default=None, ge=0)
+    peak_uss_bytes: int | None = Field(default=None, ge=0)
+    idle_torch_process: dict[str, int] | None = None   # lmrepro.memory.idle_torch_process
     n_params: int = Field(ge=0)
     processes: int = Field(ge=1)
     threads: int = Field(ge=1)
@@ -94,9 +95,13 @@ class RunSummary(BaseModel):
         return json.loads(self.model_dump_json())
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set of this process so far (``ru_maxrss`` is in KiB on Linux)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+def step_time_std(records: list[dict]) -> float | None:
+    """Sample standard deviation of the logged ``step_time_s`` (None with fewer than 2)."""
+    times = [float(r["step_time_s"]) for r in records if "step_time_s" in r]
+    if len(times) < 2:
+        return None
+    mean = sum(times) / len(times)
+    return math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1))
 
 
 def write_eval_losses(run_dir: str | Path, losses: list[float], batch_size: int, context: int

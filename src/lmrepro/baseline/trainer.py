@@ -24,20 +24,12 @@ from tqdm.auto import tqdm
 from lmrepro.baseline.config import BaselineConfig
 from lmrepro.data.batches import check_context, sample_batch
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
-from lmrepro.io import append_jsonl
+from lmrepro.io import append_jsonl, read_jsonl
+from lmrepro.memory import MemorySampler, memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import weight_decay_groups
-from lmrepro.results import (
-    METRICS,
-    Method,
-    RunSummary,
-    checkpoint,
-    load_checkpoint,
-    peak_rss_bytes,
-    truncate_metrics,
-    write_eval_losses,
-    write_summary,
-)
+from lmrepro.results import (METRICS, Method, RunSummary, checkpoint, load_checkpoint,
+                             step_time_std, truncate_metrics, write_eval_losses, write_summary)
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +83,7 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
     check_context(len(train_data), model_cfg.context, "model.context")
     check_context(len(val_data), model_cfg.context, "model.context")
     torch.set_num_threads(settings.threads)
+    sampler = MemorySampler().start()
 
     torch.manual_seed(seed)
     model = ByteTransformer(model_cfg)
@@ -155,8 +148,9 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
         tokens=settings.steps * tokens_per_step, final_bpb=final_bpb,
         mean_step_time_s=elapsed / settings.steps,
         tokens_per_s=settings.steps * tokens_per_step / max(elapsed, 1e-12),
-        train_time_s=elapsed, peak_rss_bytes=peak_rss_bytes(),
-        n_params=model.num_parameters(), processes=1, threads=settings.threads,
+        train_time_s=elapsed, step_time_std_s=step_time_std(read_jsonl(metrics_path)),
+        **memory_fields(sampler.stop()), n_params=model.num_parameters(), processes=1,
+        threads=settings.threads,
         resumed_from_step=start, executor="backprop",
         config={"model": model_cfg.to_dict(), "settings": settings.to_dict()}))
     log.info("%s done: final %.4f bits/byte, %.0f tokens/s -> %s", name, final_bpb,

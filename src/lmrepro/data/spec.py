@@ -20,26 +20,14 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    AfterValidator,
-    BeforeValidator,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import (AfterValidator, BeforeValidator, Field, ValidationError, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 from lmrepro.config import Section
 from lmrepro.data.embedded import SHAKESPEARE_TXT_SHA256
-from lmrepro.data.prepare import (
-    DEFAULT_SPLIT_BYTES,
-    DEFAULT_SPLIT_FRACTIONS,
-    SPLIT_BYTES_RULE,
-    SPLIT_FRACTIONS_RULE,
-    valid_split_bytes,
-    valid_split_fractions,
-)
+from lmrepro.data.prepare import (DEFAULT_SPLIT_BYTES, DEFAULT_SPLIT_FRACTIONS, SPLIT_BYTES_RULE,
+                                  SPLIT_FRACTIONS_RULE, valid_split_bytes, valid_split_fractions)
 from lmrepro.errors import ParameterError, check
 
 __all__ = [

@@ -43,22 +43,9 @@ from typing import Any
 import torch
 
 from .adams import adams_update, check_hyperparameters
-from .comm import (
-    Comm,
-    FlatParams,
-    ShardLayout,
-    check_grads,
-    check_params,
-    check_same_size,
-    check_sparsity,
-    decode_mask,
-    encode_mask,
-    encoded_nbytes,
-    keep_count,
-    mask_encoding,
-    select_topk_sorted,
-    split_named,
-)
+from .comm import (Comm, FlatParams, ShardLayout, check_grads, check_params, check_same_size,
+                   check_sparsity, decode_mask, encode_mask, encoded_nbytes, keep_count,
+                   mask_encoding, select_topk_sorted, split_named)
 from .errors import ParameterError, check
 
 MaskScore = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]

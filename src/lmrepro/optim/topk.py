@@ -20,22 +20,9 @@ from typing import Any
 import torch
 
 from .adams import check_hyperparameters
-from .comm import (
-    Comm,
-    check_grads,
-    check_params,
-    check_same_size,
-    check_sparsity,
-    decode_mask,
-    encode_mask,
-    encoded_nbytes,
-    flat_to_grads,
-    grads_to_flat,
-    keep_count,
-    mask_encoding,
-    select_topk_sorted,
-    split_named,
-)
+from .comm import (Comm, check_grads, check_params, check_same_size, check_sparsity, decode_mask,
+                   encode_mask, encoded_nbytes, flat_to_grads, grads_to_flat, keep_count,
+                   mask_encoding, select_topk_sorted, split_named)
 from .errors import check
 
 

@@ -28,16 +28,8 @@ from pydantic import BaseModel, ConfigDict
 
 from lmrepro.errors import ParameterError, check
 from lmrepro.io import atomic_write_json, atomic_write_text, read_json, read_jsonl
-from lmrepro.results import (
-    BYTE_KINDS,
-    EVAL_LOSSES,
-    METRICS,
-    SUMMARY,
-    Method,
-    RunSummary,
-    collect_runs,
-    read_summary,
-)
+from lmrepro.results import (BYTE_KINDS, EVAL_LOSSES, METRICS, SUMMARY, Method, RunSummary,
+                             collect_runs, read_summary)
 from lmrepro.stats import NonInferiorityResult, StatsConfig, noninferiority
 
 GIB = float(1 << 30)

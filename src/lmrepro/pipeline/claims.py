@@ -18,13 +18,8 @@ import pandas as pd
 
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_json, atomic_write_text
-from lmrepro.pipeline.analysis import (
-    DEFAULT_STATS,
-    AnalysisRecords,
-    ComparisonRecord,
-    RunRecord,
-    read_analysis,
-)
+from lmrepro.pipeline.analysis import (DEFAULT_STATS, AnalysisRecords, ComparisonRecord, RunRecord,
+                                       read_analysis)
 
 NOT_RUN = "not run in this profile"
 STAGES = ("scape", "rgc")

@@ -45,35 +45,15 @@ from lmrepro.data.batches import sample_batch
 from lmrepro.distributed import free_port
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
+from lmrepro.memory import MemorySampler
 from lmrepro.optim.comm import flat_to_grads, grads_to_flat
-from lmrepro.rgc.common import (
-    Clock,
-    Recorder,
-    TrainResult,
-    batch_generator,
-    build_model,
-    evaluate,
-    load_state,
-    lr_at,
-    make_adamw,
-    make_summary,
-    micro_batches,
-    run_identity,
-    save_state,
-    set_lr,
-    state_from_bytes,
-    state_to_bytes,
-)
+from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
+                                evaluate, load_state, lr_at, make_adamw, make_summary,
+                                micro_batches, run_identity, save_state, set_lr, state_from_bytes,
+                                state_to_bytes)
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.memory import PeakRSSSampler
-from lmrepro.rgc.stages import (
-    decoder_parameters,
-    local_loss,
-    run_stage,
-    stage_bounds,
-    stage_parameter_names,
-    stage_parameters,
-)
+from lmrepro.rgc.stages import (decoder_parameters, local_loss, run_stage, stage_bounds,
+                                stage_parameter_names, stage_parameters)
 
 POLL_S = 0.5
 
@@ -256,7 +236,7 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
           "must be 1 for the async executor (stages exchange only detached activations); "
           "use executor='sync' for a horizon > 1")
     ctx = _mp_context()
-    sampler = PeakRSSSampler().start()
+    sampler = MemorySampler().start()
     identity = run_identity(cfg, "async", seed)
     ck = load_state(out_dir, identity)
     start = int(ck["step"]) if ck is not None else 0
@@ -356,14 +336,14 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
     if end < cfg.steps:
         n_tokens = (end - start) * cfg.batch_size * cfg.context
         tokens_per_s = n_tokens / clock.total if clock.total > 0 else 0.0
-        return TrainResult("async", tokens_per_s, sampler.stop(), float("nan"), [], {},
+        return TrainResult("async", tokens_per_s, sampler.stop().rss, float("nan"), [], {},
                            rec.records, final_state, out_dir)
     eval_losses = evaluate(template, val_data, cfg)
     peak = sampler.stop()
     summary = rec.finish(cfg, make_summary(cfg, "async", name, corpus, seed, eval_losses, peak,
                                            template.num_parameters(), rec.records, start,
                                            clock.total), eval_losses)
-    return TrainResult("async", summary["tokens_per_s"], peak, summary["final_bpb"],
+    return TrainResult("async", summary["tokens_per_s"], peak.rss, summary["final_bpb"],
                        eval_losses, summary, rec.records, final_state, out_dir)
 
 
@@ -397,7 +377,7 @@ def _shutdown(procs: list, grace_s: float) -> None:
 
 def _finish_without_steps(cfg: RGCConfig, template: torch.nn.Module, out_dir: Path | None,
                           val_data: np.ndarray, rec: Recorder, start: int,
-                          sampler: PeakRSSSampler, corpus: str, name: str | None, seed: int,
+                          sampler: MemorySampler, corpus: str, name: str | None, seed: int,
                           identity: dict) -> TrainResult:
     """Resumed at the last step already: reload the checkpoint, re-evaluate, and write the
     summary from the recorded step times."""
@@ -409,6 +389,6 @@ def _finish_without_steps(cfg: RGCConfig, template: torch.nn.Module, out_dir: Pa
     summary = rec.finish(cfg, make_summary(cfg, "async", name, corpus, seed, eval_losses, peak,
                                            template.num_parameters(), rec.records, start, 0.0),
                          eval_losses)
-    return TrainResult("async", summary["tokens_per_s"], peak, summary["final_bpb"],
+    return TrainResult("async", summary["tokens_per_s"], peak.rss, summary["final_bpb"],
                        eval_losses, summary, rec.records,
                        {n: v.clone() for n, v in template.state_dict().items()}, out_dir)

@@ -22,15 +22,9 @@ from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.groups import weight_decay_groups
-from lmrepro.results import (
-    Method,
-    RunSummary,
-    checkpoint,
-    load_checkpoint,
-    truncate_metrics,
-    write_eval_losses,
-    write_summary,
-)
+from lmrepro.memory import Memory, memory_fields
+from lmrepro.results import (Method, RunSummary, checkpoint, load_checkpoint, step_time_std,
+                             truncate_metrics, write_eval_losses, write_summary)
 from lmrepro.rgc.config import RGCConfig
 
 
@@ -146,7 +140,8 @@ class TrainResult:
 
     ``tokens_per_s`` counts training tokens of this invocation over its training wall time
     (start-up, checkpoint writes excluded where possible, final evaluation excluded);
-    ``peak_rss_bytes`` is the sampled peak RSS of the whole process tree; ``final_bpb`` the
+    ``peak_rss_bytes`` is the sampled peak RSS of the whole process tree (PSS and USS in the
+    summary); ``final_bpb`` the
     last stage's readout in bits per byte on the fixed eval set; ``eval_losses`` per batch, nats.
     """
 
@@ -187,7 +182,7 @@ class Recorder:
 
 
 def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, seed: int,
-                 eval_losses: list[float], peak_rss: int, n_params: int, records: list[dict],
+                 eval_losses: list[float], peak: Memory, n_params: int, records: list[dict],
                  start_step: int, train_time_s: float) -> dict:
     """The run's :class:`RunSummary` fields. Throughput counts the steps this invocation trained
     over its training time; a resume with nothing left to train reports the recorded step times
@@ -206,7 +201,8 @@ def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, s
         "final_bpb": bits_per_byte(eval_losses),
         "tokens_per_s": trained * tokens_per_step / train_time_s if train_time_s > 0 else 0.0,
         "mean_step_time_s": float(np.mean(step_times)) if step_times else 0.0,
-        "train_time_s": train_time_s, "peak_rss_bytes": int(peak_rss), "n_params": n_params,
+        "train_time_s": train_time_s, "step_time_std_s": step_time_std(records),
+        **memory_fields(peak), "n_params": n_params,
         "processes": cfg.n_stages if is_async else 1,
         "threads": sum(cfg.stage_threads) if is_async else cfg.single_process_threads,
         "resumed_from_step": start_step,

@@ -18,31 +18,13 @@ import torch
 
 from lmrepro.data.batches import sample_batch
 from lmrepro.evaluation import bits_per_byte
-from lmrepro.rgc.common import (
-    Clock,
-    Recorder,
-    TrainResult,
-    batch_generator,
-    build_model,
-    evaluate,
-    load_state,
-    lr_at,
-    make_adamw,
-    make_summary,
-    micro_batches,
-    run_identity,
-    save_state,
-    set_lr,
-)
+from lmrepro.memory import MemorySampler
+from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
+                                evaluate, load_state, lr_at, make_adamw, make_summary,
+                                micro_batches, run_identity, save_state, set_lr)
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.memory import PeakRSSSampler
-from lmrepro.rgc.stages import (
-    accumulate_backprop_grads,
-    accumulate_rgc_grads,
-    decoder_parameters,
-    stage_bounds,
-    stage_parameters,
-)
+from lmrepro.rgc.stages import (accumulate_backprop_grads, accumulate_rgc_grads, decoder_parameters,
+                                stage_bounds, stage_parameters)
 
 
 def make_optimizers(model: torch.nn.Module, cfg: RGCConfig, executor: str
@@ -74,7 +56,7 @@ def train_single_process(cfg: RGCConfig, executor: str, train_data: np.ndarray,
 def _run(cfg: RGCConfig, executor: str, train_data: np.ndarray, val_data: np.ndarray,
          out_dir: Path | None, corpus: str, name: str | None, stop_after: int | None, seed: int
          ) -> TrainResult:
-    sampler = PeakRSSSampler().start()
+    sampler = MemorySampler().start()
     model = build_model(cfg, seed)
     model.train()
     bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
@@ -126,12 +108,12 @@ def _run(cfg: RGCConfig, executor: str, train_data: np.ndarray, val_data: np.nda
     if end < cfg.steps:  # stopped early on purpose: the checkpoint is the product
         n_tokens = (end - start) * cfg.batch_size * cfg.context
         tokens_per_s = n_tokens / clock.total if clock.total > 0 else 0.0
-        return TrainResult(executor, tokens_per_s, sampler.stop(), float("nan"), [], {},
+        return TrainResult(executor, tokens_per_s, sampler.stop().rss, float("nan"), [], {},
                            rec.records, final_state, out_dir)
     eval_losses = evaluate(model, val_data, cfg)
     peak = sampler.stop()
     summary = rec.finish(cfg, make_summary(cfg, executor, name, corpus, seed, eval_losses, peak,
                                            model.num_parameters(), rec.records, start,
                                            clock.total), eval_losses)
-    return TrainResult(executor, summary["tokens_per_s"], peak, summary["final_bpb"],
+    return TrainResult(executor, summary["tokens_per_s"], peak.rss, summary["final_bpb"],
                        eval_losses, summary, rec.records, final_state, out_dir)

@@ -3,24 +3,10 @@ it from the ``scape`` analysis (:class:`~lmrepro.pipeline.analysis.AnalysisRecor
 
 from __future__ import annotations
 
-from lmrepro.pipeline.analysis import (
-    ROLE_ADAMS,
-    ROLE_ADAMW,
-    ROLE_SCAPE,
-    ROLE_TOPK,
-    AnalysisRecords,
-    RunRecord,
-)
-from lmrepro.pipeline.claims import (
-    Claim,
-    Measured,
-    comparisons,
-    ni_text,
-    ni_value,
-    noninferiority_measure,
-    runs_of,
-    same_setting,
-)
+from lmrepro.pipeline.analysis import (ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_TOPK,
+                                       AnalysisRecords, RunRecord)
+from lmrepro.pipeline.claims import (Claim, Measured, comparisons, ni_text, ni_value,
+                                     noninferiority_measure, runs_of, same_setting)
 
 PAPER = "SCAPE (arXiv 2607.01678)"
 SOURCE = "abstract, as quoted in DESIGN.md (the paper's tables and figures were not available)"

@@ -34,33 +34,17 @@ import torch.distributed as dist
 
 from lmrepro.data.batches import sample_batch
 from lmrepro.data.prepare import load_split
-from lmrepro.distributed import (
-    DistContext,
-    DistributedFailure,
-    collective_guard,
-    init_from_env,
-    report_failure,
-    shutdown,
-)
+from lmrepro.distributed import (DistContext, DistributedFailure, collective_guard, init_from_env,
+                                 report_failure, shutdown)
 from lmrepro.errors import ParameterError
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl, atomic_torch_save, read_jsonl
+from lmrepro.memory import Memory, MemorySampler, memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import SCAPE, AdamS, DenseDP, TopKEF, weight_decay_groups
-from lmrepro.results import (
-    METRICS,
-    SUMMARY,
-    Method,
-    RunSummary,
-    load_checkpoint,
-    mean_bytes,
-    peak_rss_bytes,
-    publish_checkpoint,
-    save_checkpoint,
-    truncate_metrics,
-    write_eval_losses,
-    write_summary,
-)
+from lmrepro.results import (METRICS, SUMMARY, Method, RunSummary, load_checkpoint, mean_bytes,
+                             publish_checkpoint, save_checkpoint, step_time_std,
+                             truncate_metrics, write_eval_losses, write_summary)
 from lmrepro.scape.config import RESUME_FREE, ScapeConfig, ScapeRun
 
 FINAL_MODEL = "model_final.pt"
@@ -169,6 +153,7 @@ def train(cfg: ScapeConfig, run: ScapeRun, model_cfg: ModelConfig, target: RunTa
 def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget,
            ctx: DistContext) -> Path:
     torch.set_num_threads(cfg.threads)
+    sampler = MemorySampler(children=False).start()    # this worker; rank 0 adds them up
     out = Path(target.out)
     if (out / SUMMARY).exists():
         if ctx.is_main:
@@ -233,22 +218,23 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
             _save(ctx, out, done, model, opt, gen, identity)
 
-    rss = torch.tensor([peak_rss_bytes()], dtype=torch.int64, device=ctx.device)
+    peak = sampler.stop()
+    mine = torch.tensor([peak.rss, peak.pss, peak.uss], dtype=torch.int64, device=ctx.device)
     if ctx.initialized:     # tensors on the device: NCCL cannot gather CPU tensors
-        gathered = [torch.zeros(1, dtype=torch.int64, device=ctx.device)
+        gathered = [torch.zeros(3, dtype=torch.int64, device=ctx.device)
                     for _ in range(ctx.world_size)]
-        with collective_guard(ctx, "final peak-RSS gather"):
-            dist.all_gather(gathered, rss)
-        rss_per_rank = [int(t.item()) for t in gathered]
+        with collective_guard(ctx, "final peak-memory gather"):
+            dist.all_gather(gathered, mine)
     else:
-        rss_per_rank = [int(rss.item())]
+        gathered = [mine]
+    per_rank = [Memory(*(int(v) for v in t.tolist())) for t in gathered]
     if ctx.is_main:
-        _finish(cfg, run, mcfg, target, ctx, out, model, rss_per_rank, start)
+        _finish(cfg, run, mcfg, target, ctx, out, model, per_rank, start)
     return out
 
 
 def _finish(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget,
-            ctx: DistContext, out: Path, model: torch.nn.Module, rss_per_rank: list[int],
+            ctx: DistContext, out: Path, model: torch.nn.Module, per_rank: list[Memory],
             start: int) -> None:
     """Rank 0 only, after the last collective: evaluation and the summary."""
     val = load_split_data(target.corpus_dir, "val")
@@ -272,11 +258,13 @@ def _finish(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarge
         corpus=target.corpus or Path(target.corpus_dir).name, seed=target.seed,
         steps=cfg.steps, tokens=tokens, final_bpb=bpb,
         tokens_per_s=tokens / max(sum(times), 1e-12), mean_step_time_s=float(np.mean(times)),
-        train_time_s=float(sum(times)), peak_rss_bytes=int(sum(rss_per_rank)),
+        train_time_s=float(sum(times)), step_time_std_s=step_time_std(records),
+        **memory_fields(None, processes_peaks=per_rank),
         n_params=sum(p.numel() for p in model.parameters()), processes=ctx.world_size,
         threads=ctx.world_size * cfg.threads, resumed_from_step=start, sparsity=run.sparsity,
         bytes_per_step=mean_bytes(records), bytes_per_step_after_step0=mean_bytes(steady),
-        details={"peak_rss_bytes_per_rank": rss_per_rank, "device": str(ctx.device),
+        details={"peak_rss_bytes_per_rank": [m.rss for m in per_rank],
+                 "device": str(ctx.device),
                  "backend": ctx.backend, "batch_size_per_worker": cfg.batch_size,
                  "mask_score": cfg.mask_score if run.optimizer == "scape" else None},
         config={"settings": cfg.to_dict(), "run": run.to_dict(), "model": mcfg.to_dict()}))

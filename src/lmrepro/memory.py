@@ -1,0 +1,182 @@
+"""Peak memory of a run's process tree as RSS, PSS and USS, and the size of an idle torch process.
+
+DESIGN.md asks every run for its peak memory "of the process tree as RSS, PSS and USS": RSS counts
+a shared page (the torch libraries, shared-memory activation tensors) once in every process that
+maps it, so a tree of K torch processes pays the runtime K times; PSS charges each process its
+share of every shared page (the sum over a tree counts each page once); USS counts only the pages
+no other process maps. :class:`MemorySampler` sums the three over this process and all its
+descendants every ``interval_s`` in a background thread and keeps the maximum of each sum; the
+multiprocessing fork server and resource tracker are left out (shared plumbing that outlives a
+run, see :func:`multiprocessing_helper_pids`); their children (stage workers) still count.
+
+:func:`idle_torch_process` measures, once per process, a fresh interpreter that imported torch
+and ran one tensor operation: the price of one more torch runtime on this machine, so a report
+can say how much of a multi-process run's memory is runtimes and how much is its own data.
+
+PSS and USS come from ``/proc/<pid>/smaps_rollup`` (``psutil.memory_full_info``); where that is
+unreadable the RSS is used for both and ``approximate`` is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from types import TracebackType
+
+import psutil
+
+KINDS = ("rss", "pss", "uss")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes by kind (see the module docstring)."""
+
+    rss: int = 0
+    pss: int = 0
+    uss: int = 0
+
+    def __add__(self, other: Memory) -> Memory:
+        return Memory(self.rss + other.rss, self.pss + other.pss, self.uss + other.uss)
+
+    def peak(self, other: Memory) -> Memory:
+        """The larger of each kind."""
+        return Memory(max(self.rss, other.rss), max(self.pss, other.pss),
+                      max(self.uss, other.uss))
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def multiprocessing_helper_pids() -> set[int]:
+    """PIDs of this process's multiprocessing fork server and resource tracker, if running.
+
+    They are shared plumbing that outlives any one run (started by the first async run, idle
+    afterwards), so their own memory is not charged to a run; the fork server's children (the
+    stage workers) still are."""
+    pids: set[int] = set()
+    try:
+        from multiprocessing import forkserver, resource_tracker
+        for obj, attr in ((forkserver._forkserver, "_forkserver_pid"),  # noqa: SLF001
+                          (resource_tracker._resource_tracker, "_pid")):  # noqa: SLF001
+            pid = getattr(obj, attr, None)
+            if isinstance(pid, int):
+                pids.add(pid)
+    except Exception:  # noqa: BLE001 - private attributes; measuring must never fail a run
+        pass
+    return pids
+
+
+def process_memory(proc: psutil.Process) -> tuple[Memory, bool]:
+    """``(memory, approximate)`` of one process; ``approximate`` when PSS/USS were unreadable."""
+    try:
+        full = proc.memory_full_info()
+        return Memory(int(full.rss), int(full.pss), int(full.uss)), False
+    except (psutil.AccessDenied, AttributeError):
+        rss = int(proc.memory_info().rss)
+        return Memory(rss, rss, rss), True
+
+
+def tree_memory(proc: psutil.Process | None = None, exclude_pids: set[int] | None = None
+                ) -> tuple[Memory, bool]:
+    """Memory of ``proc`` (default: this process) plus every live descendant.
+    ``exclude_pids`` leaves out those processes themselves (not their descendants)."""
+    proc = proc or psutil.Process()
+    exclude = exclude_pids or set()
+    total, approximate = Memory(), False
+    for p in [proc, *proc.children(recursive=True)]:
+        if p.pid in exclude:
+            continue
+        try:
+            mem, approx = process_memory(p)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+        total, approximate = total + mem, approximate or approx
+    return total, approximate
+
+
+class MemorySampler:
+    """Context manager: ``with MemorySampler() as s: ...; s.peak`` (a :class:`Memory`).
+
+    ``children=False`` measures this process only (one data-parallel worker of many)."""
+
+    def __init__(self, interval_s: float = 0.1, children: bool = True) -> None:
+        self.interval_s = interval_s
+        self.children = children
+        self.peak = Memory()
+        self.approximate = False
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._proc = psutil.Process()
+
+    @property
+    def peak_bytes(self) -> int:
+        """Peak RSS (the figure ``ps`` and ``top`` show)."""
+        return self.peak.rss
+
+    def sample(self) -> Memory:
+        if self.children:
+            mem, approx = tree_memory(self._proc, multiprocessing_helper_pids())
+        else:
+            mem, approx = process_memory(self._proc)
+        self.peak = self.peak.peak(mem)
+        self.approximate = self.approximate or approx
+        self.samples += 1
+        return mem
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> MemorySampler:
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> Memory:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sample()
+        return self.peak
+
+    def __enter__(self) -> MemorySampler:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+_IDLE_TORCH = """
+import json, torch, psutil
+torch.ones(8) @ torch.ones(8)
+m = psutil.Process().memory_full_info()
+print(json.dumps({"rss": m.rss, "pss": m.pss, "uss": m.uss}))
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def idle_torch_process() -> dict[str, int]:
+    """RSS, PSS and USS of a fresh interpreter that imported torch and ran one operation (measured
+    once per process, on this machine): what one more torch runtime costs."""
+    out = subprocess.run([sys.executable, "-c", _IDLE_TORCH], capture_output=True, text=True,
+                         timeout=120, check=True)
+    return {k: int(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+
+
+def memory_fields(peak: Memory | None = None, *, processes_peaks: list[Memory] | None = None
+                  ) -> dict[str, object]:
+    """The memory fields of a :class:`lmrepro.results.RunSummary` from the run's peak (or the sum
+    of several processes' peaks), with the idle torch process of this machine."""
+    total = sum(processes_peaks, Memory()) if processes_peaks is not None else peak
+    assert total is not None
+    return {"peak_rss_bytes": total.rss, "peak_pss_bytes": total.pss,
+            "peak_uss_bytes": total.uss, "idle_torch_process": idle_torch_process()}
