@@ -41,9 +41,11 @@ def make_run(root: Path, name: str, method: str, *, corpus: str = "shakespeare",
              losses: Any = None, rel: float = 0.0, noise: float = 0.002, seed: int = 0,
              step_time: float = 1.0, tps: float = 1000.0, peak_gib: float = 1.0,
              bytes_per_step: dict | None = None, metrics_bytes: dict | None = None,
-             steps: int = 10, processes: int = 1, threads: int = 1, **extra: Any) -> Path:
+             steps: int = 10, processes: int = 1, threads: int = 1,
+             step_spread: float | None = 0.1, **extra: Any) -> Path:
     """Write a valid summary.json (:class:`lmrepro.results.RunSummary`), eval_losses.json and
-    metrics.jsonl for one run."""
+    metrics.jsonl for one run; ``step_spread`` is the per-step standard deviation as a fraction
+    of the step time."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     if losses is None:
@@ -56,7 +58,9 @@ def make_run(root: Path, name: str, method: str, *, corpus: str = "shakespeare",
                "tokens": steps * 512, "final_bpb": float(np.nanmean(losses)) / math.log(2),
                "tokens_per_s": tps, "mean_step_time_s": step_time,
                "train_time_s": steps * step_time, "peak_rss_bytes": int(peak_gib * GIB),
-               "seed": seed, "n_params": 0, "processes": processes, "threads": threads, **extra}
+               "seed": seed, "n_params": 0, "processes": processes, "threads": threads,
+               "step_time_std_s": None if step_spread is None else step_spread * step_time,
+               **extra}
     records = [{"step": step, "loss": 3.0 - 0.1 * step, "lr": 1e-3, "step_time_s": step_time,
                 **{f"bytes_{k}": v * (step + 1) for k, v in (metrics_bytes or {}).items()}}
                for step in range(steps)]
@@ -239,28 +243,34 @@ def test_claims_table_quick_profile(tmp_path: Path) -> None:
     df = claims(runs).set_index("id")
     assert set(df.index) == {c.id for c in C.registry()}
     assert len(C.registry()) == 11
-    assert df.loc["scape-90-adamw", "reproduced"] == "yes"
-    assert df.loc["scape-90-adams", "reproduced"] == "yes"
-    assert df.loc["scape-99-adams", "reproduced"] == "no"
+    assert list(claims(runs).columns) == C.CLAIM_COLUMNS
+    assert set(df.verdict) <= set(C.VERDICTS)
+    assert df.loc["scape-90-adamw", "verdict"] == C.REPRODUCED
+    assert df.loc["scape-90-adams", "verdict"] == C.REPRODUCED
+    assert df.loc["scape-99-adams", "verdict"] == C.NOT_REPRODUCED
     assert "not non-inferior" in df.loc["scape-99-adams", "measured"]
-    # best per-step speedup vs dense AdamS: 1.0 / 0.4
+    # best per-step speedup vs dense AdamS: 1.0 / 0.4, far outside the 10 % + 10 % spread
     assert df.loc["scape-step-speedup", "measured_value"] == pytest.approx(2.5)
-    assert df.loc["scape-step-speedup", "reproduced"] == "yes"
+    assert df.loc["scape-step-speedup", "verdict"] == C.REPRODUCED
     # wall-clock vs the faster dense run (AdamS, 1.0 s x 10 steps): 1 - 0.4 / 1.0
     assert df.loc["scape-wallclock", "measured_value"] == pytest.approx(0.6)
-    assert df.loc["topk-unstable", "reproduced"] == "yes"
+    assert df.loc["topk-unstable", "verdict"] == C.REPRODUCED
     assert df.loc["rgc-throughput", "measured_value"] == pytest.approx(0.8)
-    assert df.loc["rgc-throughput", "reproduced"] == "no"
+    assert df.loc["rgc-throughput", "verdict"] == C.NOT_REPRODUCED
     assert df.loc["rgc-memory", "measured_value"] == pytest.approx(2.0)
-    assert df.loc["rgc-memory", "reproduced"] == "yes"
+    assert df.loc["rgc-memory", "verdict"] == C.REPRODUCED
     assert "4.000 vs 2.000 GiB" in df.loc["rgc-memory", "measured"]
-    assert df.loc["rgc-tinystories", "reproduced"] == "yes"
+    assert df.loc["rgc-tinystories", "verdict"] == C.REPRODUCED
     assert df.loc["rgc-tinystories", "measured_value"] == pytest.approx(0.03, abs=0.002)
-    assert df.loc["rgc-enwik8", "reproduced"] == C.NOT_RUN
-    assert df.loc["rgc-enwik8", "measured"] == C.NOT_RUN
+    assert df.loc["rgc-enwik8", "verdict"] == C.NOT_RUN
+    assert df.loc["rgc-enwik8", "measured"] == C.NOT_RUN_TEXT
     assert df.paper_figure.str.startswith("paper:").all()
-    assert df.loc["rgc-memory", "our_scale"] == "24 layers x d=64, 10 steps, tinystories, 8 threads"
+    # our scale names the number of seeds (one here)
+    assert df.loc["rgc-memory", "our_scale"] == ("24 layers x d=64, 10 steps, tinystories, "
+                                                 "8 threads; 1 seed")
     assert "4 workers" in df.loc["scape-90-adamw", "our_scale"]
+    # one seed: every quality verdict says so
+    assert "one training seed" in df.loc["scape-90-adamw", "caveats"]
     assert df.loc["scape-90-adamw", "our_scale"].startswith("4 layers x d=32, 10 steps")
     assert all(c.source for c in C.registry())
 
@@ -271,16 +281,16 @@ def test_claims_table_enwik8_present(tmp_path: Path) -> None:
     enwik = df[df.id == "rgc-enwik8"]
     assert len(enwik) == 1
     # our RGC matches backprop here, so the paper's negative verdict is not reproduced
-    assert enwik.iloc[0].reproduced == "no" and enwik.iloc[0].corpus == "enwik8"
+    assert enwik.iloc[0].verdict == C.NOT_REPRODUCED and enwik.iloc[0].corpus == "enwik8"
     tput = df[df.id == "rgc-throughput"].set_index("corpus")
     assert tput.loc["enwik8", "measured_value"] == pytest.approx(1.5)
-    assert tput.loc["enwik8", "reproduced"] == "yes"
+    assert tput.loc["enwik8", "verdict"] == C.REPRODUCED
 
 
 def test_claims_table_with_no_runs_of_a_paper(tmp_path: Path) -> None:
     runs = {"bp": make_run(tmp_path, "bp", "backprop")}
     df = claims(runs)
-    assert (df.reproduced == C.NOT_RUN).all()
+    assert (df.verdict == C.NOT_RUN).all()
 
 
 def test_analysis_stage_and_claims_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -303,8 +313,12 @@ def test_analysis_stage_and_claims_stage(tmp_path: Path, monkeypatch: pytest.Mon
     assert {r.name: r.role for r in saved.runs}["shakespeare/t99"] == A.ROLE_TOPK
     ni = read_json(out / "scape" / "noninferiority.json")
     assert ni == {c.label: {"mean_rel_diff": c.mean_rel_diff, "upper_bound": c.upper_bound,
-                            "non_inferior": c.non_inferior, "pairs": c.n_pairs}
+                            "batch_upper_bound": c.batch_upper_bound,
+                            "seed_upper_bound": c.seed_upper_bound, "level": c.level,
+                            "non_inferior": c.non_inferior, "pairs": c.n_pairs,
+                            "seeds": c.n_seeds}
                   for c in saved.comparisons} and len(ni) == 6
+    assert saved.cores == A.available_cores() and saved.seeds == [0]
 
     def no_bootstrap(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the claims stage must not rerun the bootstrap")
@@ -313,12 +327,16 @@ def test_analysis_stage_and_claims_stage(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(A, "noninferiority", no_bootstrap)
     table = C.claims_stage(out, out).set_index("id")
     assert table.equals(C.claims_table(C.merge_records({"scape": saved})).set_index("id"))
+    # configurations, not run names, in the text (the runs were renamed): mean step times 0.4
+    # and 1.0 s, each with a 10 % per-step spread, so rho = hypot(0.1, 0.1)
     assert table.loc["scape-step-speedup", "measured"] == (
-        "2.500x per step (scape/shakespeare/s99 vs scape/shakespeare/dense-s)")
-    assert (table[table.paper.str.startswith("RGC")].reproduced == C.NOT_RUN).all()
+        "2.5x per step (scape@99% p=4 vs adams p=4; step-time spread +-14%)")
+    assert (table[table.paper.str.startswith("RGC")].verdict == C.NOT_RUN).all()
     assert read_json(out / "claims.json") == {
-        "claims": 11, "reproduced_yes": int((table.reproduced == "yes").sum()),
-        "reproduced_no": int((table.reproduced == "no").sum()), "not_run": 4}
+        "claims": 11, "reproduced": int((table.verdict == C.REPRODUCED).sum()),
+        "not_reproduced": int((table.verdict == C.NOT_REPRODUCED).sum()),
+        "inconclusive": int((table.verdict == C.INCONCLUSIVE).sum()), "not_run": 4}
+    assert (out / "forest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plots_return_figures(tmp_path: Path) -> None:
@@ -346,3 +364,178 @@ def test_plots_return_figures(tmp_path: Path) -> None:
     assert (tmp_path / "boot.png").stat().st_size > 0
     P.save_figure(fig, tmp_path / "saved.png")
     assert (tmp_path / "saved.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Seeds, configurations, timing spread and caveats
+# ------------------------------------------------------------------------------------------------
+
+def test_three_seeds_pair_by_seed_and_decide_at_the_seed_level(tmp_path: Path) -> None:
+    runs = {}
+    for seed, offset in [(0, -0.004), (1, 0.002), (2, 0.016)]:
+        runs[f"s{seed}/bp"] = make_run(tmp_path / f"s{seed}", "bp", "backprop", seed=seed)
+        runs[f"s{seed}/rgc"] = make_run(tmp_path / f"s{seed}", "rgc", "rgc", executor="async",
+                                        seed=seed, rel=offset, noise=0.002)
+    (outcome,) = A.run_comparisons(runs, stats=STATS)
+    c = outcome.record
+    assert c.candidate_runs == ["s0/rgc", "s1/rgc", "s2/rgc"]
+    assert c.baseline_runs == ["s0/bp", "s1/bp", "s2/bp"]
+    assert (c.n_seeds, c.seeds, c.n_pairs, c.level) == (3, [0, 1, 2], 3 * N_EVAL, "seed")
+    b = np.concatenate([A.load_run("x", runs[f"s{s}/bp"]).eval_losses for s in range(3)])
+    d = np.concatenate([A.load_run("x", runs[f"s{s}/rgc"]).eval_losses for s in range(3)])
+    direct = noninferiority(b, d, n_resamples=N_RES, groups=np.repeat([0, 1, 2], N_EVAL))
+    assert c.seed_upper_bound == direct.seed_upper_bound == c.upper_bound
+    assert c.batch_upper_bound == direct.batch_upper_bound < 0.01 <= c.upper_bound
+    assert not c.non_inferior and c.caveats == []
+    # two seeds: the batch-level bound decides, and the caveat says so
+    two = {k: v for k, v in runs.items() if not k.startswith("s2")}
+    (outcome,) = A.run_comparisons(two, stats=STATS)
+    assert outcome.record.level == "batch" and outcome.record.n_seeds == 2
+    assert outcome.record.upper_bound == outcome.record.batch_upper_bound
+    assert "2 training seeds" in outcome.record.caveats[0]
+
+
+def test_analysis_stage_reads_the_profile_seeds_only(tmp_path: Path) -> None:
+    stage = tmp_path / "results" / "rgc" / "runs" / "shakespeare"
+    for seed in (0, 1, 2):
+        make_run(stage / f"seed{seed}", "backprop", "backprop", executor="backprop", seed=seed)
+        make_run(stage / f"seed{seed}", "rgc-async", "rgc", executor="async", seed=seed,
+                 rel=0.001)
+    out = tmp_path / "results" / "analysis"
+    result = A.analysis_stage("rgc", STATS, tmp_path / "results", out, seeds=[0, 2])
+    assert sorted(result["runs"]) == ["shakespeare/seed0/backprop", "shakespeare/seed0/rgc-async",
+                                      "shakespeare/seed2/backprop", "shakespeare/seed2/rgc-async"]
+    assert result["records"].seeds == [0, 2]
+    assert result["records"].comparisons[0].n_seeds == 2
+    with pytest.raises(FileNotFoundError, match="seeds"):
+        A.analysis_stage("rgc", STATS, tmp_path / "results", out, seeds=[7])
+
+
+def test_replicates_are_runs_that_differ_only_in_the_seed(tmp_path: Path) -> None:
+    """A learning-rate sweep's runs are separate configurations, never pooled as seeds."""
+    runs = {}
+    for lr in (1e-3, 3e-3):
+        for seed in (0, 1):
+            name = f"adams-lr{lr:g}-s{seed}"
+            runs[name] = make_run(tmp_path, name, "adams", processes=2, seed=seed,
+                                  config={"settings": {"lr": lr}, "run": {"name": name}})
+    for seed in (0, 1):
+        runs[f"scape-s{seed}"] = make_run(tmp_path, f"scape-s{seed}", "scape", processes=2,
+                                          sparsity=0.9, seed=seed,
+                                          config={"settings": {"lr": 2e-3},
+                                                  "run": {"name": f"scape-s{seed}"}})
+    comps = A.default_comparisons(runs)
+    assert sorted(c.baseline for c in comps) == [("adams-lr0.001-s0", "adams-lr0.001-s1"),
+                                                 ("adams-lr0.003-s0", "adams-lr0.003-s1")]
+    assert all(c.candidate == ("scape-s0", "scape-s1") for c in comps)
+
+
+def test_step_times_pool_within_and_between_run_spreads() -> None:
+    one = A.step_times([2.0], [0.2])
+    assert (one.mean_s, one.spread_s, one.n_runs) == (2.0, 0.2, 1)
+    two = A.step_times([1.0, 1.2], [0.1, 0.3])
+    assert two.mean_s == pytest.approx(1.1)
+    # mean within-run variance (0.01 + 0.09) / 2 plus the variance of the means (ddof 1): 0.02
+    assert two.spread_s == pytest.approx(math.sqrt(0.05 + 0.02))
+    assert A.step_times([1.0, 2.0], [0.1, None]).spread_s is None
+    rho = A.relative_spread(A.step_times([1.0], [0.1]), A.step_times([2.0], [0.4]))
+    assert rho == pytest.approx(math.hypot(0.1, 0.2))
+    low, high, conclusive = A.timing_interval(1.5, 0.2)
+    assert (low, high) == pytest.approx((1.5 * math.exp(-0.2), 1.5 * math.exp(0.2)))
+    assert conclusive                                  # ln 1.5 = 0.405 > 0.2
+    assert not A.timing_interval(1.15, 0.2)[2]         # ln 1.15 = 0.140 <= 0.2
+    assert not A.timing_interval(1 / 1.15, 0.2)[2]     # symmetric for slow-downs
+    assert not A.timing_interval(3.0, None)[2]         # no spread: never conclusive
+
+
+def scape_suite(root: Path, step_times: dict[str, float], spread: float = 0.2,
+                threads: int = 2) -> dict[str, Path]:
+    """Dense AdamW/AdamS and SCAPE runs with the given mean step times and identical losses."""
+    runs = {}
+    for name, method, sparsity in [("adamw", "adamw", None), ("adams", "adams", None),
+                                   ("scape90", "scape", 0.9), ("scape99", "scape", 0.99),
+                                   ("topk99", "topk", 0.99)]:
+        extra = {"sparsity": sparsity} if sparsity is not None else {}
+        runs[name] = make_run(root, name, method, processes=2, threads=threads,
+                              step_time=step_times[name], step_spread=spread,
+                              tps=1000.0 / step_times[name], rel=0.001 * (method == "topk"),
+                              **extra)
+    return runs
+
+
+def test_a_timing_difference_inside_its_spread_is_inconclusive(tmp_path: Path) -> None:
+    # SCAPE 5 % faster per step than AdamS with a 20 % per-step spread on both sides
+    runs = scape_suite(tmp_path, {"adamw": 1.0, "adams": 1.0, "scape90": 0.95, "scape99": 0.97,
+                                  "topk99": 1.0})
+    df = claims(runs).set_index("id")
+    assert df.loc["scape-step-speedup", "measured_value"] == pytest.approx(1 / 0.95)
+    assert df.loc["scape-step-speedup", "verdict"] == C.INCONCLUSIVE
+    assert "inside the step-time spread (+-28%)" in df.loc["scape-step-speedup", "caveats"]
+    assert df.loc["scape-wallclock", "verdict"] == C.INCONCLUSIVE
+    # the quality verdicts do not depend on timings
+    assert df.loc["scape-90-adams", "verdict"] == C.REPRODUCED
+    # a run without a recorded spread cannot decide a timing claim either
+    runs = scape_suite(tmp_path / "nospread", {"adamw": 1.0, "adams": 1.0, "scape90": 0.2,
+                                               "scape99": 0.2, "topk99": 1.0}, spread=None)
+    df = claims(runs).set_index("id")
+    assert df.loc["scape-step-speedup", "verdict"] == C.INCONCLUSIVE
+    assert "no step-time spread" in df.loc["scape-step-speedup", "caveats"]
+
+
+def test_identical_runs_give_the_same_verdicts_whatever_their_timings(tmp_path: Path) -> None:
+    """Issue 14: two identical smoke runs (bit-identical losses) flipped the wall-clock claim
+    between -5.8 % and +7.7 %. Here the same runs are measured twice with every mean step time
+    moved by up to 8 % (within the 20 % per-step spread the runs record): every verdict holds."""
+    first = {"adamw": 1.00, "adams": 1.00, "scape90": 1.058, "scape99": 1.03, "topk99": 1.0}
+    second = {"adamw": 1.05, "adams": 1.06, "scape90": 0.99, "scape99": 0.985, "topk99": 0.97}
+    a = claims(scape_suite(tmp_path / "a", first)).set_index("id")
+    b = claims(scape_suite(tmp_path / "b", second)).set_index("id")
+    # the raw wall-clock figure does flip sign between the two measurements...
+    assert a.loc["scape-wallclock", "measured_value"] < 0 < b.loc["scape-wallclock",
+                                                                   "measured_value"]
+    # ...but no verdict does
+    assert a.verdict.to_dict() == b.verdict.to_dict()
+    assert a.loc["scape-wallclock", "verdict"] == C.INCONCLUSIVE
+    # and a real speed-up stays a verdict under the same perturbations
+    fast = {"adamw": 1.0, "adams": 1.0, "scape90": 0.4, "scape99": 0.4, "topk99": 1.0}
+    moved = {k: v * f for (k, v), f in zip(fast.items(), [1.06, 0.95, 1.08, 0.93, 1.0],
+                                           strict=True)}
+    c = claims(scape_suite(tmp_path / "c", fast)).set_index("id")
+    d = claims(scape_suite(tmp_path / "d", moved)).set_index("id")
+    assert c.loc["scape-step-speedup", "verdict"] == C.REPRODUCED
+    assert c.verdict.to_dict() == d.verdict.to_dict()
+
+
+def test_oversubscription_and_declared_caveats_travel_to_the_table(tmp_path: Path) -> None:
+    runs = full_profile(tmp_path, with_enwik8=False)
+    records = A.analysis_records(runs, stats=STATS, cores=2)
+    (res,) = [r for r in records.resources if r.candidate_role == A.ROLE_RGC_ASYNC]
+    assert any("oversubscribed: rgc-async ran 8 threads on 2 cores" in c for c in res.caveats)
+    df = C.claims_table(records).set_index("id")
+    assert "oversubscribed" in df.loc["rgc-throughput", "caveats"]
+    assert "oversubscribed" in df.loc["rgc-memory", "caveats"]
+    # the SCAPE runs use 1 thread in all, within 2 cores
+    assert "oversubscribed" not in df.loc["scape-step-speedup", "caveats"]
+    declared = C.Claim("x", "P", "claim", "paper: y", "src", "scale", "rule",
+                       C.noninferiority_measure(A.ROLE_SCAPE, A.ROLE_ADAMW, non_inferior=True),
+                       caveat="AdamS shares AdamW's learning rate (untuned)")
+    row = C.claims_table(records, [declared]).iloc[0]
+    assert row.caveats.startswith("AdamS shares AdamW's learning rate (untuned); ")
+    assert "one training seed" in row.caveats
+    nothing = C.claims_table(A.analysis_records({"bp": runs["bp"]}, stats=STATS), [declared])
+    assert nothing.iloc[0].verdict == C.NOT_RUN
+    assert nothing.iloc[0].caveats == "AdamS shares AdamW's learning rate (untuned)"
+
+
+def test_forest_plot_marks_mean_bound_and_margin(tmp_path: Path) -> None:
+    runs = full_profile(tmp_path, with_enwik8=False)
+    records = A.analysis_records(runs, stats=STATS)
+    fig = P.plot_forest(records.comparisons)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()][-1].startswith(
+        records.comparisons[0].label)
+    xs = {round(float(line.get_xdata()[-1]), 9) for line in ax.lines}
+    c = records.comparisons[0]
+    assert round(c.upper_bound * 100, 9) in xs and round(c.margin * 100, 9) in xs
+    P.save_figure(fig, tmp_path / "forest.png")
+    assert (tmp_path / "forest.png").stat().st_size > 1000

@@ -164,3 +164,109 @@ def test_rejects_bad_options(kwargs: dict, name: str) -> None:
         noninferiority(base, cand, **kwargs)
     assert info.value.name == name
     assert repr(kwargs[name]) in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# Several training seeds: pairs keyed by (seed, batch), the seed-level (hierarchical) bound
+# ------------------------------------------------------------------------------------------------
+
+def seeded_pairs(seed_effects: list[float], n: int = 40, noise: float = 0.004, seed: int = 2
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Baseline and candidate losses for several training seeds: seed ``s`` is
+    ``seed_effects[s]`` worse on every batch (run-to-run variance), plus per-batch noise."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(1.0, 2.0, (len(seed_effects), n))
+    cand = base * (1.0 + np.asarray(seed_effects)[:, None]
+                   + rng.normal(0.0, noise, base.shape))
+    groups = np.repeat(np.arange(len(seed_effects)), n)
+    return base.ravel(), cand.ravel(), groups
+
+
+def naive_two_stage(d: np.ndarray, groups: np.ndarray, n_resamples: int, seed: int
+                    ) -> np.ndarray:
+    """The documented two-stage bootstrap written as loops: draw the seeds with replacement,
+    then each drawn seed's pairs with replacement; the mean of everything drawn."""
+    rng = np.random.default_rng([seed, 1])
+    labels = np.unique(groups)
+    members = [d[groups == g] for g in labels]
+    n_max = max(len(m) for m in members)
+    drawn = rng.integers(0, len(labels), (n_resamples, len(labels)))
+    u = rng.random((n_resamples, len(labels), n_max))
+    out = []
+    for r in range(n_resamples):
+        values = []
+        for k, g in enumerate(drawn[r]):
+            m = members[g]
+            values += [m[int(np.floor(u[r, k, j] * len(m)))] for j in range(len(m))]
+        out.append(np.mean(values))
+    return np.asarray(out)
+
+
+def test_seed_level_bound_is_the_documented_two_stage_bootstrap() -> None:
+    base, cand, groups = seeded_pairs([0.0, 0.004, 0.008, 0.002], n=15)
+    # unequal seeds: drop a few pairs of seed 2 (the mean is over every drawn pair)
+    keep = ~((groups == 2) & (np.arange(groups.size) % 15 < 4))
+    base, cand, groups = base[keep], cand[keep], groups[keep]
+    res = noninferiority(base, cand, n_resamples=300, seed=4, groups=groups)
+    d = (cand - base) / base
+    expected = naive_two_stage(d, groups, 300, seed=4)
+    np.testing.assert_allclose(res.seed_distribution, expected, rtol=1e-12)
+    assert res.seed_upper_bound == pytest.approx(np.quantile(expected, 0.95), rel=1e-12)
+    assert res.level == "seed" and res.upper_bound == res.seed_upper_bound
+    assert res.n_groups == 4 and res.n_pairs == d.size
+    assert res.group_means == pytest.approx(tuple(d[groups == g].mean() for g in range(4)))
+
+
+@pytest.mark.parametrize("n_seeds, min_groups, level", [(1, 3, "batch"), (2, 3, "batch"),
+                                                        (3, 3, "seed"), (2, 2, "seed")])
+def test_the_verdict_takes_the_seed_level_bound_from_min_groups_seeds(
+        n_seeds: int, min_groups: int, level: str) -> None:
+    base, cand, groups = seeded_pairs([0.0, 0.003, 0.001][:n_seeds])
+    res = noninferiority(base, cand, n_resamples=N_RES, groups=groups, min_groups=min_groups)
+    plain = noninferiority(base, cand, n_resamples=N_RES)
+    # the batch-level bound is today's test on the pooled pairs, groups or not
+    assert res.batch_upper_bound == plain.upper_bound == plain.batch_upper_bound
+    assert res.mean_rel_diff == plain.mean_rel_diff
+    assert res.n_groups == n_seeds and res.level == level
+    if n_seeds == 1:
+        assert res.seed_upper_bound is None and res.seed_distribution is None
+    else:
+        assert res.seed_upper_bound is not None
+    assert res.upper_bound == (res.seed_upper_bound if level == "seed" else res.batch_upper_bound)
+    assert res.non_inferior == (res.upper_bound < res.margin)
+
+
+def test_seed_level_bound_sees_run_to_run_variance() -> None:
+    """The RGC paper's shape: every seed's batches agree closely (a tight batch-level bound
+    under the margin) but the seeds disagree: the seed-level bound is over the margin."""
+    base, cand, groups = seeded_pairs([-0.004, 0.002, 0.016], n=120, noise=0.002)
+    res = noninferiority(base, cand, n_resamples=N_RES, groups=groups)
+    assert res.mean_rel_diff < res.batch_upper_bound < 0.01 <= res.seed_upper_bound
+    assert res.level == "seed" and not res.non_inferior
+    # without run-to-run variance the two-stage bound stays close to the batch-level one
+    same, _, _ = seeded_pairs([0.0, 0.0, 0.0], n=120, noise=0.004)
+    rng = np.random.default_rng(9)
+    cand = same * (1.0 + rng.normal(0.002, 0.004, same.size))
+    res = noninferiority(same, cand, n_resamples=N_RES, groups=groups)
+    se = np.std((cand - same) / same, ddof=1) / math.sqrt(same.size)
+    assert abs(res.seed_upper_bound - res.batch_upper_bound) < 1.5 * se
+
+
+def test_seed_level_bound_is_deterministic_and_leaves_the_batch_bound_alone() -> None:
+    base, cand, groups = seeded_pairs([0.0, 0.002, 0.004])
+    a = noninferiority(base, cand, n_resamples=N_RES, groups=groups, seed=3)
+    b = noninferiority(base, cand, n_resamples=N_RES, groups=list(groups), seed=3)
+    c = noninferiority(base, cand, n_resamples=N_RES, groups=[f"s{g}" for g in groups], seed=3)
+    assert a.seed_upper_bound == b.seed_upper_bound == c.seed_upper_bound
+    np.testing.assert_array_equal(a.bootstrap_distribution, a.seed_distribution)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"groups": [0, 1]}, "groups"), ({"groups": [0] * 40, "min_groups": 1}, "min_groups"),
+    ({"groups": [0] * 40, "min_groups": 2.5}, "min_groups"),
+])
+def test_rejects_bad_groups(kwargs: dict, name: str) -> None:
+    base, cand = pairs(0.0, n=40)
+    with pytest.raises(ParameterError) as info:
+        noninferiority(base, cand, n_resamples=N_RES, **kwargs)
+    assert info.value.name == name

@@ -63,9 +63,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from lmrepro.pipeline.params import load_params
 
     params = load_params(args.params, args.profile)
-    for corpus, summary in run_suite(params.train, params.model, params.seed,
-                                     params.data.prepared_dir, args.out).items():
-        print(f"{corpus}: {summary['final_bpb']:.4f} bits/byte, "
+    for run, summary in run_suite(params.train, params.model, params.seeds,
+                                  params.data.prepared_dir, args.out).items():
+        print(f"{run}: {summary['final_bpb']:.4f} bits/byte, "
               f"{summary['tokens_per_s']:.0f} tokens/s")
     return 0
 

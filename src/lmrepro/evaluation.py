@@ -1,6 +1,17 @@
 """What every trainer shares (single-process, SCAPE, RGC): the settings of a training run's
 schedule, optimizer and evaluation (:class:`TrainingConfig`), the learning-rate schedule and the
-fixed evaluation batches."""
+fixed evaluation set.
+
+The evaluation set (:func:`eval_window_starts`) is the whole validation split cut into
+non-overlapping windows of ``context + 1`` bytes (each window's last byte is the next window's
+first input, so every byte of the split but the first is a target exactly once), grouped into
+batches of ``eval_batch_size`` windows in order; the at most ``eval_batch_size - 1`` windows that
+do not fill a last batch are left out. ``eval_batches: null`` (the default) takes all of them;
+``eval_batches: N`` takes N batches of windows evenly spaced over the split, a stated fraction
+``N * eval_batch_size * context / split bytes`` of it (:func:`eval_coverage`). The set depends
+only on the split and these settings, so every method and every seed is scored on the very same
+bytes and the per-batch losses are paired.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +23,8 @@ import torch
 from pydantic import Field
 
 from lmrepro.config import Section
-from lmrepro.data.batches import eval_batches
+from lmrepro.data.batches import check_context, windows
+from lmrepro.errors import check
 from lmrepro.model import lm_loss
 
 
@@ -33,8 +45,10 @@ class TrainingConfig(Section):
     beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
     beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
     eps: float = Field(default=1e-8, gt=0.0)
-    eval_batches: int = Field(default=16, ge=1, description="fixed evaluation batches")
-    eval_batch_size: int = Field(default=16, ge=1)
+    eval_batches: int | None = Field(default=None, ge=1, description="evaluation batches: "
+                                     "null = the whole validation split in non-overlapping "
+                                     "windows; N = N batches of windows evenly spaced over it")
+    eval_batch_size: int = Field(default=16, ge=1, description="windows per evaluation batch")
     checkpoint_every: int = Field(default=50, ge=0, description="steps between checkpoints; "
                                   "0: no periodic checkpoints")
 
@@ -51,16 +65,56 @@ def cosine_lr(step: int, total_steps: int, warmup_steps: int, base_lr: float,
                       + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def eval_windows_available(n_bytes: int, context: int) -> int:
+    """Non-overlapping windows of ``context + 1`` bytes (stride ``context``) in ``n_bytes``."""
+    check_context(n_bytes, context)
+    return (n_bytes - 1) // context
+
+
+def eval_window_starts(n_bytes: int, context: int, batch_size: int,
+                       n_batches: int | None = None) -> np.ndarray:
+    """Window starts ``(batches, batch_size)`` of the evaluation set of a split of ``n_bytes``.
+
+    ``n_batches`` None: every full batch of the non-overlapping windows, in order; an int: that
+    many batches of windows evenly spaced over the split (refused when the split holds fewer).
+    """
+    check(isinstance(batch_size, int) and batch_size >= 1, "eval_batch_size", batch_size,
+          "must be an integer >= 1")
+    available = eval_windows_available(n_bytes, context)
+    full = available // batch_size
+    check(full >= 1, "eval_batch_size", batch_size,
+          f"must be <= the {available} non-overlapping windows of context {context} in the "
+          f"validation split ({n_bytes} bytes)")
+    if n_batches is None:
+        index = np.arange(full * batch_size)
+    else:
+        check(isinstance(n_batches, int) and 1 <= n_batches <= full, "eval_batches", n_batches,
+              f"must be null (the whole split) or an integer in [1, {full}]: the validation "
+              f"split holds {full} batches of {batch_size} non-overlapping windows")
+        spread = np.linspace(0, available - 1, n_batches * batch_size)
+        index = np.floor(spread + 0.5).astype(np.int64)  # round half up: no duplicates
+    return (index * context).reshape(-1, batch_size)
+
+
+def eval_coverage(n_bytes: int, context: int, batch_size: int, n_batches: int | None = None
+                  ) -> float:
+    """The fraction of the split's target bytes the evaluation set scores (1.0 less the bytes
+    of an incomplete last batch when ``n_batches`` is None)."""
+    starts = eval_window_starts(n_bytes, context, batch_size, n_batches)
+    return starts.size * context / (n_bytes - 1)
+
+
 @torch.no_grad()
 def evaluate_losses(logits_fn: Callable[[torch.Tensor], torch.Tensor], data: np.ndarray,
-                    context: int, batch_size: int, n_batches: int) -> list[float]:
-    """Mean next-byte loss (nats) of each fixed evaluation batch.
+                    context: int, batch_size: int, n_batches: int | None = None) -> list[float]:
+    """Mean next-byte loss (nats) of each batch of the evaluation set (:func:`eval_window_starts`).
 
     ``logits_fn`` maps inputs ``(B, T)`` to logits ``(B, T, 256)``; for RGC it is the last stage's
-    readout. The batches are the same for every method, so the lists are paired.
+    readout. The batches are the same for every method and seed, so the lists are paired.
     """
     losses = []
-    for x, y in eval_batches(data, context, batch_size, n_batches):
+    for starts in eval_window_starts(len(data), context, batch_size, n_batches):
+        x, y = windows(data, starts, context)
         losses.append(float(lm_loss(logits_fn(x), y)))
     return losses
 

@@ -256,13 +256,18 @@ def prepare_runs_dir(runs_dir: str | Path, identity: dict[str, Any]) -> Path:
     return runs_dir
 
 
+def seed_dir(seed: int) -> str:
+    """The folder of a stage's runs trained with ``seed``: ``runs/<corpus>/seed<N>/<run>`` (a
+    suite runs once per seed; the analysis pairs runs by the seed in their summaries)."""
+    return f"seed{seed}"
+
+
 def collect_runs(runs_dir: str | Path) -> dict[str, Path]:
-    """Finished run directories under ``runs_dir``: ``{"<corpus>/<run>": path}``, sorted."""
-    found = {}
-    for summary in sorted(Path(runs_dir).glob(f"*/*/{SUMMARY}")):
-        run_dir = summary.parent
-        found[f"{run_dir.parent.name}/{run_dir.name}"] = run_dir
-    return found
+    """Finished run directories at any depth under ``runs_dir`` (``<corpus>/seed<N>/<run>``),
+    labelled by their path below it, e.g. ``{"shakespeare/seed0/adamw": path}``, sorted."""
+    runs_dir = Path(runs_dir)
+    return {summary.parent.relative_to(runs_dir).as_posix(): summary.parent
+            for summary in sorted(runs_dir.rglob(SUMMARY))}
 
 
 METRIC_KEYS = ("final_bpb", "tokens_per_s", "mean_step_time_s", "peak_rss_bytes", "steps",

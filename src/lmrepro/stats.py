@@ -1,25 +1,32 @@
 """Paired non-inferiority test on per-batch evaluation losses (DESIGN.md, "Non-inferiority").
 
-The design's reference test, as implemented here:
+The design's reference test, as implemented here (``docs/statistics.md`` states it with its
+references and reasons):
 
 * **Pairs.** ``baseline[i]`` and ``candidate[i]`` are the mean losses of two models on the *same*
-  evaluation batch ``i`` (and, where several seeds were run, the same seed: callers concatenate the
-  per-seed lists in the same order). Lower is better.
+  evaluation batch ``i`` and, where several training seeds were run, the same seed: pairs are keyed
+  by (seed, evaluation batch), and ``groups[i]`` names the seed of pair ``i``. Lower is better.
 * **Statistic.** The per-pair relative difference ``d_i = (candidate_i - baseline_i) / baseline_i``
-  and its **mean** ``mean(d)``; we bootstrap the mean of the per-pair ``d`` (not the ratio of mean
-  losses), which is what the design calls "the mean relative difference, paired". Because bits per
-  byte is ``loss_nats / ln 2``, ``d`` is the same whether the losses are in nats or in bits.
-* **Bootstrap.** :func:`scipy.stats.bootstrap` over the pairs (resampling pair indices, so the
-  pairing is kept), ``n_resamples`` resamples (10 000 by default), ``rng =
+  and its **mean** over all pairs ``mean(d)``; we bootstrap the mean of the per-pair ``d`` (not
+  the ratio of mean losses), which is what the design calls "the mean relative difference,
+  paired". Because bits per byte is ``loss_nats / ln 2``, ``d`` is the same in nats and in bits.
+* **Batch-level bound.** :func:`scipy.stats.bootstrap` over the pairs (resampling pair indices, so
+  the pairing is kept), ``n_resamples`` resamples (10 000 by default), ``rng =
   numpy.random.default_rng(seed)``, **one-sided**: ``alternative="less"`` at ``confidence_level =
   confidence`` gives the interval ``(-inf, U]`` whose upper end ``U`` is the one-sided upper
-  confidence bound of the mean relative difference (for the percentile method, ``U`` is the
-  ``confidence`` quantile of the bootstrap distribution, linear interpolation).
-* **Method.** BCa by default (second-order accurate, corrects bias and skew). BCa is undefined when
-  the bootstrap distribution is degenerate (e.g. every ``d_i`` identical: the acceleration is 0/0);
-  then the percentile interval of the *same* bootstrap distribution is used, and the result's
-  ``method`` says ``"percentile"`` and ``fallback_reason`` says why.
-* **Verdict.** Non-inferior iff ``U < margin`` (margin 0.01 = 1 % by default).
+  confidence bound of the mean relative difference. BCa by default (second-order accurate,
+  corrects bias and skew); BCa is undefined when the bootstrap distribution is degenerate (e.g.
+  every ``d_i`` identical: the acceleration is 0/0), then the percentile interval of the *same*
+  bootstrap distribution is used, and ``method`` says ``"percentile"`` and ``fallback_reason``
+  why. This bound sees evaluation-batch noise only.
+* **Seed-level bound** (with ``groups`` naming two or more seeds). A two-stage (hierarchical)
+  bootstrap: each resample draws the seeds with replacement, then, within each drawn seed, that
+  seed's pairs with replacement; the statistic is the mean ``d`` of the resampled pairs, and the
+  bound is the ``confidence`` quantile of its distribution (percentile method). It sees
+  run-to-run variance as well (:func:`hierarchical_bootstrap`).
+* **Verdict.** Non-inferior iff ``U < margin`` (margin 0.01 = 1 % by default), where ``U`` is the
+  seed-level bound when there are at least ``min_groups`` (3) seeds, else the batch-level bound;
+  ``level`` says which, and both bounds are reported.
 """
 
 from __future__ import annotations
@@ -38,6 +45,11 @@ from lmrepro.config import Section
 from lmrepro.errors import ParameterError, check
 
 METHODS = ("BCa", "percentile")
+#: how the seed-level bound is computed (reported beside the batch-level ``method``)
+SEED_METHOD = "hierarchical percentile (seeds, then batches within seeds)"
+#: the fewest seeds whose seed-level bound decides the verdict (DESIGN.md: "at least 3 seeds")
+MIN_GROUPS = 3
+LEVELS = ("batch", "seed")
 
 
 class StatsConfig(Section):
@@ -51,6 +63,9 @@ class StatsConfig(Section):
                               "of the upper bound")
     n_resamples: int = Field(default=10000, ge=100, description="bootstrap resamples")
     seed: int = Field(default=0, ge=0, description="bootstrap seed")
+    min_seeds: int = Field(default=MIN_GROUPS, ge=2, description="training seeds from which the "
+                           "verdict is taken from the seed-level (hierarchical) bound instead of "
+                           "the batch-level one")
 
 # Above this many resampled values (n_resamples * n_pairs) the bootstrap runs in batches so the
 # resample index matrix stays small (the batches draw from the same rng, one after another).
@@ -63,8 +78,12 @@ _IDENTICAL_TOL = 1e-12
 class NonInferiorityResult:
     """Outcome of :func:`noninferiority`.
 
-    ``mean_rel_diff`` and ``upper_bound`` are fractions (0.01 = 1 % worse than the baseline).
-    ``bootstrap_distribution`` holds the mean relative difference of each resample (for plots).
+    ``mean_rel_diff`` and the bounds are fractions (0.01 = 1 % worse than the baseline).
+    ``upper_bound`` is the bound the verdict uses: ``seed_upper_bound`` when ``level`` is
+    ``"seed"``, else ``batch_upper_bound``. ``method`` is the batch-level bootstrap's method
+    (BCa or percentile); the seed-level bound is always :data:`SEED_METHOD`.
+    ``bootstrap_distribution`` holds the resampled means behind ``upper_bound`` (for plots);
+    ``batch_distribution`` and ``seed_distribution`` those of each level.
     """
 
     mean_rel_diff: float
@@ -79,6 +98,14 @@ class NonInferiorityResult:
     bootstrap_distribution: np.ndarray = field(repr=False, compare=False)
     standard_error: float = float("nan")
     fallback_reason: str | None = None
+    level: str = "batch"
+    batch_upper_bound: float = float("nan")
+    seed_upper_bound: float | None = None
+    n_groups: int = 1
+    group_means: tuple[float, ...] = ()
+    min_groups: int = MIN_GROUPS
+    batch_distribution: np.ndarray | None = field(default=None, repr=False, compare=False)
+    seed_distribution: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def verdict(self) -> str:
@@ -107,7 +134,9 @@ def relative_differences(baseline: Sequence[float] | np.ndarray,
 def noninferiority(baseline: Sequence[float] | np.ndarray,
                    candidate: Sequence[float] | np.ndarray,
                    margin: float = 0.01, confidence: float = 0.95, n_resamples: int = 10_000,
-                   seed: int = 0, *, method: str = "BCa") -> NonInferiorityResult:
+                   seed: int = 0, *, method: str = "BCa",
+                   groups: Sequence[Any] | np.ndarray | None = None,
+                   min_groups: int = MIN_GROUPS) -> NonInferiorityResult:
     """Paired bootstrap non-inferiority test of ``candidate`` against ``baseline`` (lower loss is
     better), DESIGN.md "Non-inferiority".
 
@@ -117,25 +146,97 @@ def noninferiority(baseline: Sequence[float] | np.ndarray,
         margin: non-inferiority margin on the mean relative difference, in (0, 1).
         confidence: one-sided confidence level of the upper bound, in (0.5, 1).
         n_resamples: bootstrap resamples, >= 100.
-        seed: seed of ``numpy.random.default_rng`` handed to scipy (results are deterministic).
-        method: ``"BCa"`` (default; falls back to percentile when degenerate) or ``"percentile"``.
+        seed: seed of ``numpy.random.default_rng`` (results are deterministic).
+        method: batch-level method, ``"BCa"`` (default; falls back to percentile when
+            degenerate) or ``"percentile"``.
+        groups: the training seed of each pair (any labels, one per pair); None: one seed.
+            With two or more distinct labels the seed-level bound is computed too.
+        min_groups: seeds from which the verdict uses the seed-level bound (>= 2; default 3).
 
     Returns:
         :class:`NonInferiorityResult`; ``non_inferior`` is ``upper_bound < margin``.
     """
     d = relative_differences(baseline, candidate)
     _check_options(margin, confidence, n_resamples, seed, method)
+    check(isinstance(min_groups, (int, np.integer)) and not isinstance(min_groups, bool)
+          and min_groups >= 2, "min_groups", min_groups, "must be an integer >= 2")
+    codes = _group_codes(groups, d.size)
     mean_d = float(np.mean(d))
 
     res, used, reason = _bootstrap_upper(d, confidence, n_resamples, seed, method)
-    upper = float(res.confidence_interval.high)
+    batch_upper = float(res.confidence_interval.high)
+    batch_dist = np.asarray(res.bootstrap_distribution, dtype=float)
+    n_groups = int(codes.max()) + 1
+    group_means = tuple(float(d[codes == g].mean()) for g in range(n_groups))
+    seed_upper, seed_dist = None, None
+    if n_groups >= 2:
+        # its own generator, so the batch-level numbers do not depend on whether groups are given
+        seed_dist = hierarchical_bootstrap(d, codes, n_resamples,
+                                           np.random.default_rng([seed, 1]))
+        seed_upper = float(np.quantile(seed_dist, confidence))
+    level = "seed" if seed_upper is not None and n_groups >= min_groups else "batch"
+    upper = seed_upper if level == "seed" and seed_upper is not None else batch_upper
     return NonInferiorityResult(
         mean_rel_diff=mean_d, upper_bound=upper, margin=float(margin),
         non_inferior=bool(upper < margin), n_pairs=int(d.size), method=used,
         confidence=float(confidence), n_resamples=int(n_resamples), seed=int(seed),
-        bootstrap_distribution=np.asarray(res.bootstrap_distribution, dtype=float),
-        standard_error=float(res.standard_error), fallback_reason=reason,
+        bootstrap_distribution=seed_dist if level == "seed" else batch_dist,
+        standard_error=float(res.standard_error), fallback_reason=reason, level=level,
+        batch_upper_bound=batch_upper, seed_upper_bound=seed_upper, n_groups=n_groups,
+        group_means=group_means, min_groups=int(min_groups), batch_distribution=batch_dist,
+        seed_distribution=seed_dist,
     )
+
+
+def hierarchical_bootstrap(d: np.ndarray, groups: np.ndarray, n_resamples: int,
+                           rng: np.random.Generator) -> np.ndarray:
+    """The two-stage bootstrap distribution of the mean of ``d`` (Davison & Hinkley 1997, 3.8;
+    Ren et al. 2010; Saravanan et al. 2020).
+
+    ``groups`` holds the group (seed) code ``0..G-1`` of each value. Each resample ``r``:
+
+    1. draws ``G`` group codes uniformly with replacement (``rng.integers(0, G, (R, G))``, for
+       all resamples at once);
+    2. within each drawn group ``g`` (``n_g`` values), draws ``n_g`` value indices uniformly with
+       replacement (``floor(u * n_g)`` for ``u = rng.random((r, G, max n_g))``, resamples in
+       consecutive blocks, unused slots of smaller groups masked);
+    3. returns the mean of all drawn values: ``sum / sum of the drawn groups' n_g`` (the mean of
+       the drawn groups' means when the groups have equal sizes, as paired seeds do).
+    """
+    groups = np.asarray(groups, dtype=np.int64)
+    n_groups = int(groups.max()) + 1
+    sizes = np.bincount(groups, minlength=n_groups)
+    n_max = int(sizes.max())
+    padded = np.zeros((n_groups, n_max))
+    for g in range(n_groups):
+        padded[g, :sizes[g]] = d[groups == g]
+    drawn = rng.integers(0, n_groups, (n_resamples, n_groups))
+    block = max(1, (_BATCH_ELEMENTS >> 2) // (n_groups * n_max))  # ~4M values per block
+    out = np.empty(n_resamples)
+    slots = np.arange(n_max)
+    for lo in range(0, n_resamples, block):
+        g = drawn[lo:lo + block]                                   # (r, G)
+        n = sizes[g]                                               # (r, G)
+        idx = np.floor(rng.random((g.shape[0], n_groups, n_max)) * n[..., None]).astype(np.int64)
+        used = slots[None, None, :] < n[..., None]
+        values = padded[g[..., None], np.where(used, idx, 0)]
+        out[lo:lo + block] = (values * used).sum(axis=(1, 2)) / n.sum(axis=1)
+    return out
+
+
+def _group_codes(groups: Sequence[Any] | np.ndarray | None, n: int) -> np.ndarray:
+    """Codes ``0..G-1`` of the groups in sorted label order (all 0 without groups)."""
+    if groups is None:
+        return np.zeros(n, dtype=np.int64)
+    labels = list(groups)
+    check(len(labels) == n, "groups", f"<{len(labels)} labels>",
+          f"must name the seed of each of the {n} pairs")
+    try:
+        _, codes = np.unique(np.asarray(labels), return_inverse=True)
+    except TypeError as exc:
+        raise ParameterError("groups", labels[:5], "must be sortable labels (e.g. the seeds)") \
+            from exc
+    return codes.astype(np.int64).ravel()
 
 
 def _bootstrap_upper(d: np.ndarray, confidence: float, n_resamples: int, seed: int, method: str

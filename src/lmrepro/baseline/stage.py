@@ -1,32 +1,40 @@
-"""The ``train_baseline`` stage: one single-process global-backprop run per corpus."""
+"""The ``train_baseline`` stage: one single-process global-backprop run per corpus and seed."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from lmrepro.baseline.config import BaselineSuite
 from lmrepro.baseline.trainer import train_single
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
-from lmrepro.results import prepare_runs_dir, write_stage_products
+from lmrepro.results import (SUMMARY, prepare_runs_dir, read_summary, seed_dir,
+                             write_stage_products)
 
 
-def run_suite(suite: BaselineSuite, model: ModelConfig, seed: int, prepared_dir: str | Path,
-              stage_dir: str | Path = "results/baseline", progress: bool = True
-              ) -> dict[str, dict]:
-    """Train ``model`` on every corpus of ``suite.corpora`` into
-    ``stage_dir/runs/<corpus>/backprop``
-    (resuming from checkpoints); write the stage's DVC metrics and plots; return the summaries."""
+def run_suite(suite: BaselineSuite, model: ModelConfig, seeds: Sequence[int],
+              prepared_dir: str | Path, stage_dir: str | Path = "results/baseline",
+              progress: bool = True) -> dict[str, dict]:
+    """Train ``model`` on every corpus of ``suite.corpora`` once per seed into
+    ``stage_dir/runs/<corpus>/seed<N>/backprop`` (a finished run is read back, an interrupted
+    one resumes from its checkpoint); write the stage's DVC metrics and plots; return the
+    summaries by ``<corpus>/seed<N>/backprop``."""
     stage_dir = Path(stage_dir)
+    # the seeds are not part of the identity: each run's checkpoint carries its own seed, so
+    # adding a seed keeps the finished runs of the others
     prepare_runs_dir(stage_dir / "runs", {
-        "seed": seed, "model": model.to_dict(), "train": suite.to_dict(),
+        "model": model.to_dict(), "train": suite.to_dict(),
         "data": {c: data_identity(prepared_dir, c) for c in suite.corpora}})
     out, runs = {}, {}
     for corpus in suite.corpora:
         train, val = load_splits(prepared_dir, corpus)
-        run_dir = stage_dir / "runs" / corpus / "backprop"
-        out[corpus] = train_single(model, suite, train, val, run_dir, seed=seed, corpus=corpus,
-                                   name="backprop", progress=progress)
-        runs[f"{corpus}/backprop"] = run_dir
+        for seed in seeds:
+            label = f"{corpus}/{seed_dir(seed)}/backprop"
+            run_dir = stage_dir / "runs" / label
+            out[label] = (read_summary(run_dir).to_json() if (run_dir / SUMMARY).exists()
+                          else train_single(model, suite, train, val, run_dir, seed=seed,
+                                            corpus=corpus, name="backprop", progress=progress))
+            runs[label] = run_dir
     write_stage_products(stage_dir, runs)
     return out

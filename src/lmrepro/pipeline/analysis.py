@@ -11,13 +11,25 @@ summary's ``method`` (:class:`lmrepro.results.Method`) and, for RGC runs, its ``
 (:func:`run_role`). Baselines are picked by role, never by run name, so renaming a run changes no
 table.
 
+Seeds. Runs whose configuration differs only in the seed are replicates of one configuration
+(:func:`configuration_key`); a comparison pairs a candidate configuration's runs with the
+baseline configuration's runs of the same seed, and the per-batch losses by (seed, evaluation
+batch), so the test reports a batch-level and a seed-level bound (:mod:`lmrepro.stats`).
+
+Timing. A timing comparison (:class:`ResourceRecord`) carries its spread: the standard deviation
+of a step's time in each configuration, pooled over its runs (the within-run spread the summaries
+record, plus the run-to-run spread of the mean when there are several seeds); a ratio inside that
+spread is inconclusive (:func:`timing_interval`, ``docs/statistics.md``).
+
 Units. Eval losses are in nats; bits per byte is ``loss / ln 2``, so the relative difference
 ``(candidate - baseline) / baseline`` of the non-inferiority test is the same in both.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +45,9 @@ from lmrepro.results import (BYTE_KINDS, EVAL_LOSSES, METRICS, SUMMARY, Method, 
 from lmrepro.stats import NonInferiorityResult, StatsConfig, noninferiority
 
 GIB = float(1 << 30)
-UNITS_NOTE = ("mean_rel_diff and upper_bound are fractions of the baseline loss (0.01 = 1 %); "
+UNITS_NOTE = ("mean_rel_diff and the bounds are fractions of the baseline loss (0.01 = 1 %); "
               "bits per byte = nats / ln 2, so they are the same in nats and in bits per byte")
-ANALYSIS_FORMAT = "lmrepro.analysis/1"
+ANALYSIS_FORMAT = "lmrepro.analysis/2"
 DEFAULT_STATS = StatsConfig()  # the design's test: 1 % margin, 95 %, 10 000 resamples, seed 0
 
 ROLE_ADAMW = "adamw"
@@ -103,6 +115,34 @@ class Run:
         compared at the same core budget."""
         return self.summary.processes if self.role in DATA_PARALLEL else None
 
+    @property
+    def configuration(self) -> str:
+        """:func:`configuration_key` of this run."""
+        return configuration_key(self.summary.config)
+
+
+def _without_names(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _without_names(v) for k, v in obj.items() if k not in ("name", "seed")}
+    if isinstance(obj, list):
+        return [_without_names(v) for v in obj]
+    return obj
+
+
+def configuration_key(config: Mapping[str, Any]) -> str:
+    """What makes two runs replicates: their configuration (``RunSummary.config``) without run
+    names and seeds, as canonical JSON. Runs of one suite that differ only in the seed share it;
+    runs of a learning-rate sweep do not."""
+    return json.dumps(_without_names(dict(config)), sort_keys=True, default=str)
+
+
+def available_cores() -> int:
+    """CPU cores this process may use (its affinity mask; ``os.cpu_count()`` elsewhere)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
 
 RunSource = str | Path | Run
 Runs = Mapping[str, RunSource]
@@ -157,7 +197,8 @@ def run_scale(run: Run) -> str:
 # --------------------------------------------------------------------------------------------
 
 def throughput_table(runs: Runs, baseline: str) -> pd.DataFrame:
-    """Per run: method, corpus, tokens/s, mean step time and the ratios against ``baseline``.
+    """Per run: method, corpus, seed, tokens/s, mean step time (and its per-step standard
+    deviation) and the ratios against ``baseline``.
 
     ``speedup`` is the per-step speedup ``baseline mean_step_time_s / run mean_step_time_s`` (the
     SCAPE "x faster per step"); ``throughput_ratio`` is ``run tokens_per_s / baseline
@@ -167,8 +208,10 @@ def throughput_table(runs: Runs, baseline: str) -> pd.DataFrame:
     base = _named(loaded, baseline, "baseline").summary
     return pd.DataFrame([{
         "run": r.name, "method": r.summary.method, "corpus": r.summary.corpus,
-        "workers": workers(r), "steps": r.summary.steps, "tokens_per_s": r.summary.tokens_per_s,
-        "mean_step_time_s": r.summary.mean_step_time_s,
+        "seed": r.summary.seed, "workers": workers(r), "steps": r.summary.steps,
+        "tokens_per_s": r.summary.tokens_per_s, "mean_step_time_s": r.summary.mean_step_time_s,
+        "step_time_std_s": (math.nan if r.summary.step_time_std_s is None
+                            else r.summary.step_time_std_s),
         "speedup": base.mean_step_time_s / r.summary.mean_step_time_s,
         "throughput_ratio": r.summary.tokens_per_s / base.tokens_per_s, "baseline": baseline,
     } for r in loaded.values()])
@@ -181,7 +224,8 @@ def memory_table(runs: Runs, baseline: str) -> pd.DataFrame:
     check(base_peak > 0, f"{baseline}: peak_rss_bytes", base_peak, "must be > 0 (a ratio's base)")
     return pd.DataFrame([{
         "run": r.name, "method": r.summary.method, "corpus": r.summary.corpus,
-        "peak_rss_bytes": r.summary.peak_rss_bytes, "peak_gib": r.summary.peak_rss_bytes / GIB,
+        "seed": r.summary.seed, "peak_rss_bytes": r.summary.peak_rss_bytes,
+        "peak_gib": r.summary.peak_rss_bytes / GIB,
         "ratio_vs_baseline": r.summary.peak_rss_bytes / base_peak, "baseline": baseline,
     } for r in loaded.values()])
 
@@ -205,7 +249,8 @@ def communication_table(runs: Runs, dense: str) -> pd.DataFrame:
         b = bytes_per_step(run)
         if b is not None:
             rows.append({"run": run.name, "method": run.summary.method,
-                         "corpus": run.summary.corpus, "sparsity": run.summary.sparsity,
+                         "corpus": run.summary.corpus, "seed": run.summary.seed,
+                         "sparsity": run.summary.sparsity,
                          "world_size": run.world_size, **b,
                          "ratio_vs_dense": b["total"] / dense_bytes["total"], "dense": dense})
     return pd.DataFrame(rows)
@@ -224,12 +269,13 @@ def bytes_long(runs: Runs) -> pd.DataFrame:
 def reference_tables(runs: Runs, reference: str, dense: str | None = None
                      ) -> dict[str, pd.DataFrame]:
     """Throughput and memory against the ``reference`` role's run, and communication against the
-    ``dense`` role's run, per corpus (the first run of the role in name order); a corpus without
-    such a run has no such rows, and a table without rows is left out."""
+    ``dense`` role's run, per corpus and seed (the first run of the role in name order); a corpus
+    and seed without such a run have no such rows, and a table without rows is left out."""
     loaded = load_runs(runs)
     tables: dict[str, list[pd.DataFrame]] = {"throughput": [], "memory": [], "communication": []}
-    for corpus in sorted({r.summary.corpus for r in loaded.values()}):
-        subset = {n: r for n, r in loaded.items() if r.summary.corpus == corpus}
+    for corpus, seed in sorted({(r.summary.corpus, r.summary.seed) for r in loaded.values()}):
+        subset = {n: r for n, r in loaded.items()
+                  if (r.summary.corpus, r.summary.seed) == (corpus, seed)}
         ref = next((n for n, r in subset.items() if r.role == reference), None)
         if ref is not None:
             tables["throughput"].append(throughput_table(subset, ref))
@@ -241,7 +287,7 @@ def reference_tables(runs: Runs, reference: str, dense: str | None = None
 
 
 # --------------------------------------------------------------------------------------------
-# Non-inferiority, and the records of analysis.json
+# Non-inferiority, timing, and the records of analysis.json
 # --------------------------------------------------------------------------------------------
 
 class _Record(BaseModel):
@@ -249,7 +295,8 @@ class _Record(BaseModel):
 
 
 class RunRecord(_Record):
-    """One run as the claims see it (``scale``: :func:`run_scale`)."""
+    """One run as the claims see it (``scale``: :func:`run_scale`; ``configuration``: the label
+    of the configuration it replicates, e.g. ``scape@90% p=2``)."""
 
     name: str
     role: str
@@ -263,8 +310,10 @@ class RunRecord(_Record):
     final_bpb: float
     tokens_per_s: float
     mean_step_time_s: float
+    step_time_std_s: float | None
     peak_rss_bytes: int
     scale: str
+    configuration: str
 
     @property
     def world_size(self) -> int | None:
@@ -274,8 +323,11 @@ class RunRecord(_Record):
 
 class ComparisonRecord(_Record):
     """One non-inferiority test. Roles, methods, ``sparsity`` and ``processes`` are those of the
-    first runs of each side; ``mean_rel_diff``, ``upper_bound`` and ``confidence`` are None and
-    ``bootstrap_method`` is empty when the candidate diverged (``note`` says where)."""
+    first runs of each side; runs are paired by seed (``seeds``) and their per-batch losses by
+    (seed, evaluation batch). ``upper_bound`` is the bound of the verdict, from ``level``
+    (``seed`` with at least ``stats.min_seeds`` seeds, else ``batch``); both bounds are kept.
+    The numbers are None and ``bootstrap_method`` is empty when the candidate diverged (``note``
+    says where). ``caveats`` are computed here (one seed, too few seeds for the seed level)."""
 
     label: str
     corpus: str
@@ -288,24 +340,74 @@ class ComparisonRecord(_Record):
     sparsity: float | None
     processes: int
     n_pairs: int
+    n_seeds: int
+    seeds: list[int]
     mean_rel_diff: float | None
     upper_bound: float | None
+    batch_upper_bound: float | None
+    seed_upper_bound: float | None
+    level: Literal["batch", "seed"]
     margin: float
     confidence: float | None
     non_inferior: bool
     verdict: str
     bootstrap_method: str
     note: str
+    caveats: list[str]
+
+
+class ResourceRecord(_Record):
+    """Speed and memory of a candidate configuration against a baseline configuration (each the
+    mean over its runs, i.e. its seeds), with the timing spread (:func:`timing_interval`).
+
+    ``speedup`` = baseline / candidate mean step time; ``throughput_ratio`` = candidate /
+    baseline tokens/s; ``wall_ratio`` = candidate / baseline ``steps x mean step time``;
+    ``memory_ratio`` = candidate / baseline peak resident memory. ``relative_spread`` is the
+    combined relative step-time spread ``rho``; a ratio ``x`` is conclusive iff
+    ``|ln x| > rho`` (None when a side recorded no spread)."""
+
+    label: str
+    corpus: str
+    candidate_role: str
+    baseline_role: str
+    candidate_configuration: str
+    baseline_configuration: str
+    candidate_runs: list[str]
+    baseline_runs: list[str]
+    sparsity: float | None
+    candidate_step_time_s: float
+    baseline_step_time_s: float
+    candidate_step_time_spread_s: float | None
+    baseline_step_time_spread_s: float | None
+    candidate_steps: int
+    baseline_steps: int
+    candidate_tokens_per_s: float
+    baseline_tokens_per_s: float
+    candidate_peak_rss_bytes: float
+    baseline_peak_rss_bytes: float
+    speedup: float
+    throughput_ratio: float
+    wall_ratio: float
+    memory_ratio: float | None
+    relative_spread: float | None
+    speedup_conclusive: bool
+    throughput_conclusive: bool
+    wall_conclusive: bool
+    caveats: list[str]
 
 
 class AnalysisRecords(_Record):
-    """``analysis.json`` of one stage: its runs, its comparisons and the test's settings."""
+    """``analysis.json`` of one stage: its runs, its comparisons (quality and resources), the
+    test's settings, the seeds analysed and the cores of the machine it ran on."""
 
-    format: Literal["lmrepro.analysis/1"] = ANALYSIS_FORMAT
+    format: Literal["lmrepro.analysis/2"] = ANALYSIS_FORMAT
     stage: str
     stats: StatsConfig
+    seeds: list[int]
+    cores: int | None
     runs: list[RunRecord]
     comparisons: list[ComparisonRecord]
+    resources: list[ResourceRecord]
 
     def run(self, name: str) -> RunRecord:
         """The run record called ``name``."""
@@ -317,7 +419,7 @@ class AnalysisRecords(_Record):
 @dataclass(frozen=True)
 class Comparison:
     """Candidate run(s) judged against baseline run(s). Several runs (seeds) are paired
-    position by position and their per-batch losses concatenated."""
+    position by position; their per-batch losses are concatenated and keyed by seed."""
 
     baseline: tuple[str, ...]
     candidate: tuple[str, ...]
@@ -346,12 +448,14 @@ def _as_comparison(spec: ComparisonSpec) -> Comparison:
 
 
 def _group_key(run: Run) -> tuple:
-    """``(role, setting, sparsity)``: the setting (corpus, world size) must match to compare."""
+    """``(role, setting, sparsity, configuration)``: runs with the same key differ only in the
+    seed; the setting (corpus, world size) must match to compare."""
     sparsity = None if run.summary.sparsity is None else round(run.summary.sparsity, 6)
-    return (run.role, (run.summary.corpus, run.world_size), sparsity)
+    return (run.role, (run.summary.corpus, run.world_size), sparsity, run.configuration)
 
 
-def _config_label(run: Run) -> str:
+def config_label(run: Run) -> str:
+    """A configuration in words: method, RGC executor, sparsity, data-parallel workers."""
     label = run.summary.method
     if run.role in (ROLE_RGC_ASYNC, ROLE_RGC_SYNC):
         label += "-" + run.summary.executor
@@ -370,37 +474,57 @@ def _pair_by_seed(base: list[Run], cand: list[Run]) -> list[tuple[Run, Run]]:
     return [(by_seed[c.summary.seed], c) for c in cand if c.summary.seed in by_seed]
 
 
-def default_comparisons(runs: Runs) -> list[Comparison]:
-    """Comparisons implied by the runs' roles (:data:`DEFAULT_PAIRINGS`), per corpus.
-
-    Runs of one configuration (role, corpus, sparsity, world size) that differ only in seed are
-    pooled, paired with the baseline configuration's runs of the same seed. A data-parallel
-    candidate is compared with baselines of the same world size (RGC-suite runs have none).
-    """
+def configurations(runs: Runs) -> dict[tuple, list[Run]]:
+    """Runs grouped by :func:`_group_key` (replicates over seeds), each sorted by seed."""
     groups: dict[tuple, list[Run]] = {}
     for run in load_runs(runs).values():
         groups.setdefault(_group_key(run), []).append(run)
     for members in groups.values():
-        members.sort(key=lambda r: (str(r.summary.seed), r.name))
+        members.sort(key=lambda r: (r.summary.seed, r.name))
+    return groups
+
+
+def _pairings(runs: Runs) -> list[tuple[list[Run], list[Run]]]:
+    """``(baseline runs, candidate runs)`` paired by seed, for every configuration pair of
+    :data:`DEFAULT_PAIRINGS` in the same setting."""
+    groups = configurations(runs)
     out = []
     for cand_role, base_role in DEFAULT_PAIRINGS:
-        for (role, setting, _), cands in groups.items():
-            for (brole, bsetting, _), bases in groups.items():
+        for (role, setting, _, _), cands in groups.items():
+            for (brole, bsetting, _, _), bases in groups.items():
                 if (role, brole) != (cand_role, base_role) or setting != bsetting:
                     continue
                 if pairs := _pair_by_seed(bases, cands):
-                    label = (f"{_config_label(pairs[0][1])} vs {_config_label(pairs[0][0])}"
-                             f" ({pairs[0][1].summary.corpus})")
-                    out.append(Comparison(baseline=tuple(b.name for b, _ in pairs),
-                                          candidate=tuple(c.name for _, c in pairs), label=label))
+                    out.append(([b for b, _ in pairs], [c for _, c in pairs]))
     return out
 
 
-def _pooled_losses(loaded: dict[str, Run], comp: Comparison) -> tuple[list[float], list[float]]:
+def _comparison_label(base: Run, cand: Run) -> str:
+    return f"{config_label(cand)} vs {config_label(base)} ({cand.summary.corpus})"
+
+
+def default_comparisons(runs: Runs) -> list[Comparison]:
+    """Comparisons implied by the runs' roles (:data:`DEFAULT_PAIRINGS`), per corpus.
+
+    Runs of one configuration (role, corpus, sparsity, world size and the rest of the
+    configuration) that differ only in seed are pooled, paired with the baseline
+    configuration's runs of the same seed. A data-parallel candidate is compared with baselines
+    of the same world size (RGC-suite runs have none).
+    """
+    return [Comparison(baseline=tuple(b.name for b in bases),
+                       candidate=tuple(c.name for c in cands),
+                       label=_comparison_label(bases[0], cands[0]))
+            for bases, cands in _pairings(runs)]
+
+
+def _pooled_losses(loaded: dict[str, Run], comp: Comparison
+                   ) -> tuple[list[float], list[float], list[int]]:
+    """The paired per-batch losses of a comparison and the seed of each pair."""
     check(len(comp.baseline) == len(comp.candidate) and comp.baseline, "comparison",
           comp, "must pair as many baseline runs as candidate runs (at least one)")
     base_all: list[float] = []
     cand_all: list[float] = []
+    seeds: list[int] = []
     for b_name, c_name in zip(comp.baseline, comp.candidate, strict=True):
         b = _named(loaded, b_name, "comparison.baseline")
         c = _named(loaded, c_name, "comparison.candidate")
@@ -416,24 +540,38 @@ def _pooled_losses(loaded: dict[str, Run], comp: Comparison) -> tuple[list[float
                   "(the eval batches must be the same)")
         base_all += b.eval_losses
         cand_all += c.eval_losses
-    return base_all, cand_all
+        seeds += [c.summary.seed] * len(c.eval_losses)
+    return base_all, cand_all, seeds
+
+
+def seed_caveats(n_seeds: int, min_seeds: int) -> list[str]:
+    """What the number of training seeds leaves out of a quality verdict."""
+    if n_seeds == 1:
+        return ["one training seed: the bound reflects evaluation-batch noise only, not "
+                "run-to-run variance"]
+    if n_seeds < min_seeds:
+        return [f"{n_seeds} training seeds: verdict from the batch-level bound (the seed-level "
+                f"bound decides from {min_seeds} seeds)"]
+    return []
 
 
 def run_comparisons(runs: Runs, comparisons: Sequence[ComparisonSpec] | None = None, *,
                     stats: StatsConfig = DEFAULT_STATS) -> list[ComparisonOutcome]:
     """Run :func:`lmrepro.stats.noninferiority` with ``stats`` for each comparison (default:
-    :func:`default_comparisons`) on the pooled, paired per-batch eval losses."""
+    :func:`default_comparisons`) on the pooled per-batch eval losses, paired by (seed, batch)."""
     loaded = load_runs(runs)
     comps = (default_comparisons(loaded) if comparisons is None
              else [_as_comparison(s) for s in comparisons])
     outcomes = []
     for comp in comps:
-        base, cand = _pooled_losses(loaded, comp)
+        base, cand, groups = _pooled_losses(loaded, comp)
         b, c = loaded[comp.baseline[0]], loaded[comp.candidate[0]]
+        seeds = sorted(set(groups))
         bad = [i for i, x in enumerate(cand) if not math.isfinite(x)]
         r = None if bad else noninferiority(base, cand, margin=stats.margin,
                                             confidence=stats.confidence,
-                                            n_resamples=stats.n_resamples, seed=stats.seed)
+                                            n_resamples=stats.n_resamples, seed=stats.seed,
+                                            groups=groups, min_groups=stats.min_seeds)
         note = (f"candidate diverged: non-finite eval loss at pooled batch {bad[0]}; counted as "
                 "not non-inferior") if bad else (r.fallback_reason or "")
         outcomes.append(ComparisonOutcome(ComparisonRecord(
@@ -441,38 +579,182 @@ def run_comparisons(runs: Runs, comparisons: Sequence[ComparisonSpec] | None = N
             baseline_role=b.role, candidate_method=c.summary.method,
             baseline_method=b.summary.method, candidate_runs=list(comp.candidate),
             baseline_runs=list(comp.baseline), sparsity=c.summary.sparsity,
-            processes=c.summary.processes, n_pairs=len(cand),
+            processes=c.summary.processes, n_pairs=len(cand), n_seeds=len(seeds), seeds=seeds,
             mean_rel_diff=r.mean_rel_diff if r else None,
-            upper_bound=r.upper_bound if r else None, margin=stats.margin,
-            confidence=r.confidence if r else None, non_inferior=bool(r and r.non_inferior),
+            upper_bound=r.upper_bound if r else None,
+            batch_upper_bound=r.batch_upper_bound if r else None,
+            seed_upper_bound=r.seed_upper_bound if r else None,
+            level="seed" if r and r.level == "seed" else "batch",
+            margin=stats.margin, confidence=r.confidence if r else None,
+            non_inferior=bool(r and r.non_inferior),
             verdict=r.verdict if r else "not non-inferior (diverged)",
-            bootstrap_method=r.method if r else "", note=note), r))
+            bootstrap_method=r.method if r else "", note=note,
+            caveats=seed_caveats(len(seeds), stats.min_seeds)), r))
     return outcomes
 
 
-def outcomes_table(outcomes: Sequence[ComparisonOutcome]) -> pd.DataFrame:
-    """Per comparison: baseline, candidate, corpus, mean relative difference ``mean(d)``, the
-    one-sided upper bound ``U``, the margin, the verdict (``U < margin``) and the pairs.
+# --------------------------------------------------------------------------------------------
+# Timing and memory of configurations, with the spread of the step times
+# --------------------------------------------------------------------------------------------
 
-    ``mean_rel_diff`` and ``upper_bound`` are fractions (0.01 = 1 %) and identical whether the
+@dataclass(frozen=True)
+class StepTimes:
+    """A configuration's step time over its runs: the mean of the runs' mean step times and the
+    pooled standard deviation of one step's time, ``sqrt(mean of the runs' per-step variances +
+    variance of the runs' means)`` (law of total variance; the second term, with ``ddof=1``,
+    only with two or more runs). ``spread_s`` is None when a run recorded no spread."""
+
+    mean_s: float
+    spread_s: float | None
+    n_runs: int
+
+
+def step_times(means: Sequence[float], stds: Sequence[float | None]) -> StepTimes:
+    """:class:`StepTimes` of runs with mean step times ``means`` and per-step standard
+    deviations ``stds`` (pure)."""
+    check(len(means) == len(stds) and len(means) >= 1, "means", list(means),
+          "must give one mean step time per run (at least one) and as many stds")
+    mean = float(sum(means) / len(means))
+    if any(s is None for s in stds):
+        return StepTimes(mean, None, len(means))
+    within = sum(float(s) ** 2 for s in stds if s is not None) / len(stds)
+    between = (sum((m - mean) ** 2 for m in means) / (len(means) - 1)) if len(means) > 1 else 0.0
+    return StepTimes(mean, math.sqrt(within + between), len(means))
+
+
+def relative_spread(candidate: StepTimes, baseline: StepTimes) -> float | None:
+    """``rho = sqrt((s_c / m_c)^2 + (s_b / m_b)^2)``: the combined relative spread of two
+    configurations' step times (None when either has none)."""
+    if candidate.spread_s is None or baseline.spread_s is None:
+        return None
+    return math.hypot(candidate.spread_s / candidate.mean_s, baseline.spread_s / baseline.mean_s)
+
+
+def timing_interval(ratio: float, rho: float | None) -> tuple[float, float, bool]:
+    """``(low, high, conclusive)`` of a timing ratio: ``ratio * exp(-+rho)``, conclusive iff the
+    interval excludes 1, i.e. ``|ln ratio| > rho`` (never without a spread).
+
+    Why the step-to-step spread and not its standard error: step times are serially correlated
+    and a run-to-run shift of the machine's state does not average out within a run, so a
+    difference smaller than what two identical runs can show is not one we can stand behind
+    (``docs/statistics.md``)."""
+    if rho is None:
+        return math.nan, math.nan, False
+    return ratio * math.exp(-rho), ratio * math.exp(rho), abs(math.log(ratio)) > rho
+
+
+def resource_caveats(cands: Sequence[Run], bases: Sequence[Run], cores: int | None,
+                     rho: float | None, speedup: float) -> list[str]:
+    """Caveats of a timing or memory comparison: oversubscribed runs (more threads than the
+    machine's cores), a difference inside the spread, no recorded spread."""
+    out = []
+    if cores is not None:
+        over = sorted({(r.summary.threads, config_label(r)) for r in (*cands, *bases)
+                       if r.summary.threads > cores})
+        for threads, label in over:
+            out.append(f"oversubscribed: {label} ran {threads} threads on {cores} cores, so its "
+                       "throughput is not representative")
+    if rho is None:
+        out.append("no step-time spread recorded: timing verdict inconclusive")
+    elif abs(math.log(speedup)) <= rho:
+        out.append(f"timing difference inside the step-time spread (+-{rho:.0%})")
+    return out
+
+
+def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceRecord]:
+    """Speed and memory of each configuration pair of :data:`DEFAULT_PAIRINGS` (same setting,
+    runs paired by seed), averaged over seeds, with the timing spread; ``cores``: the machine's
+    cores (None: no oversubscription check)."""
+    out = []
+    for bases, cands in _pairings(runs):
+        c_t = step_times([r.summary.mean_step_time_s for r in cands],
+                         [r.summary.step_time_std_s for r in cands])
+        b_t = step_times([r.summary.mean_step_time_s for r in bases],
+                         [r.summary.step_time_std_s for r in bases])
+        rho = relative_spread(c_t, b_t)
+        c_tps = sum(r.summary.tokens_per_s for r in cands) / len(cands)
+        b_tps = sum(r.summary.tokens_per_s for r in bases) / len(bases)
+        c_rss = sum(r.summary.peak_rss_bytes for r in cands) / len(cands)
+        b_rss = sum(r.summary.peak_rss_bytes for r in bases) / len(bases)
+        c_steps, b_steps = cands[0].summary.steps, bases[0].summary.steps
+        speedup = b_t.mean_s / c_t.mean_s
+        throughput = c_tps / b_tps
+        wall = (c_steps * c_t.mean_s) / (b_steps * b_t.mean_s)
+        c, b = cands[0], bases[0]
+        out.append(ResourceRecord(
+            label=_comparison_label(b, c), corpus=c.summary.corpus, candidate_role=c.role,
+            baseline_role=b.role, candidate_configuration=config_label(c),
+            baseline_configuration=config_label(b), candidate_runs=[r.name for r in cands],
+            baseline_runs=[r.name for r in bases], sparsity=c.summary.sparsity,
+            candidate_step_time_s=c_t.mean_s, baseline_step_time_s=b_t.mean_s,
+            candidate_step_time_spread_s=c_t.spread_s, baseline_step_time_spread_s=b_t.spread_s,
+            candidate_steps=c_steps, baseline_steps=b_steps, candidate_tokens_per_s=c_tps,
+            baseline_tokens_per_s=b_tps, candidate_peak_rss_bytes=c_rss,
+            baseline_peak_rss_bytes=b_rss, speedup=speedup, throughput_ratio=throughput,
+            wall_ratio=wall, memory_ratio=c_rss / b_rss if b_rss > 0 else None,
+            relative_spread=rho, speedup_conclusive=timing_interval(speedup, rho)[2],
+            throughput_conclusive=timing_interval(throughput, rho)[2],
+            wall_conclusive=timing_interval(wall, rho)[2],
+            caveats=resource_caveats(cands, bases, cores, rho, speedup)))
+    return out
+
+
+def outcomes_table(outcomes: Sequence[ComparisonOutcome]) -> pd.DataFrame:
+    """Per comparison: baseline, candidate, corpus, seeds, pairs, mean relative difference
+    ``mean(d)``, the batch-level and seed-level one-sided upper bounds, the bound the verdict
+    uses (``upper_bound``, from ``level``), the margin, the verdict (``upper_bound < margin``)
+    and the caveats.
+
+    ``mean_rel_diff`` and the bounds are fractions (0.01 = 1 %) and identical whether the
     losses are read as nats or bits per byte (bpb = nats / ln 2 cancels in the ratio).
     """
     nan = float("nan")
+
+    def num(x: float | None) -> float:
+        return nan if x is None else x
+
     rows = [{
         "comparison": c.label, "corpus": c.corpus, "baseline": "+".join(c.baseline_runs),
         "candidate": "+".join(c.candidate_runs), "baseline_method": c.baseline_method,
-        "candidate_method": c.candidate_method,
-        "mean_rel_diff": nan if c.mean_rel_diff is None else c.mean_rel_diff,
-        "upper_bound": nan if c.upper_bound is None else c.upper_bound, "margin": c.margin,
-        "verdict": c.verdict, "non_inferior": c.non_inferior, "pairs": c.n_pairs,
-        "method": c.bootstrap_method, "confidence": nan if c.confidence is None else c.confidence,
-        "note": c.note} for c in (o.record for o in outcomes)]
+        "candidate_method": c.candidate_method, "seeds": c.n_seeds,
+        "mean_rel_diff": num(c.mean_rel_diff), "batch_upper_bound": num(c.batch_upper_bound),
+        "seed_upper_bound": num(c.seed_upper_bound), "upper_bound": num(c.upper_bound),
+        "level": c.level, "margin": c.margin, "verdict": c.verdict,
+        "non_inferior": c.non_inferior, "pairs": c.n_pairs, "method": c.bootstrap_method,
+        "confidence": num(c.confidence), "note": c.note, "caveats": "; ".join(c.caveats)}
+        for c in (o.record for o in outcomes)]
     columns = ["comparison", "corpus", "baseline", "candidate", "baseline_method",
-               "candidate_method", "mean_rel_diff", "upper_bound", "margin", "verdict",
-               "non_inferior", "pairs", "method", "confidence", "note"]
+               "candidate_method", "seeds", "mean_rel_diff", "batch_upper_bound",
+               "seed_upper_bound", "upper_bound", "level", "margin", "verdict", "non_inferior",
+               "pairs", "method", "confidence", "note", "caveats"]
     df = pd.DataFrame(rows, columns=columns)
     df.attrs["note"] = UNITS_NOTE
     return df
+
+
+def resources_table(records: Sequence[ResourceRecord]) -> pd.DataFrame:
+    """Per configuration pair: mean step times and their spreads, the speed-up, throughput,
+    wall-clock and memory ratios, whether the timing is conclusive, and the caveats."""
+    columns = ["comparison", "corpus", "seeds", "candidate_step_time_s",
+               "candidate_step_time_spread_s", "baseline_step_time_s",
+               "baseline_step_time_spread_s", "speedup", "throughput_ratio", "wall_ratio",
+               "relative_spread", "timing", "memory_ratio", "caveats"]
+    nan = float("nan")
+    rows = [{"comparison": r.label, "corpus": r.corpus, "seeds": len(r.candidate_runs),
+             "candidate_step_time_s": r.candidate_step_time_s,
+             "candidate_step_time_spread_s": (nan if r.candidate_step_time_spread_s is None
+                                              else r.candidate_step_time_spread_s),
+             "baseline_step_time_s": r.baseline_step_time_s,
+             "baseline_step_time_spread_s": (nan if r.baseline_step_time_spread_s is None
+                                             else r.baseline_step_time_spread_s),
+             "speedup": r.speedup, "throughput_ratio": r.throughput_ratio,
+             "wall_ratio": r.wall_ratio,
+             "relative_spread": nan if r.relative_spread is None else r.relative_spread,
+             "timing": "conclusive" if r.speedup_conclusive else "inconclusive",
+             "memory_ratio": nan if r.memory_ratio is None else r.memory_ratio,
+             "caveats": "; ".join(r.caveats)}
+            for r in records]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def noninferiority_table(runs: Runs, comparisons: Sequence[ComparisonSpec] | None = None, *,
@@ -482,22 +764,35 @@ def noninferiority_table(runs: Runs, comparisons: Sequence[ComparisonSpec] | Non
 
 
 def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAULT_STATS,
-                     outcomes: Sequence[ComparisonOutcome] | None = None) -> AnalysisRecords:
-    """The records of ``runs`` and of ``outcomes`` (default: :func:`run_comparisons` with
-    ``stats``; pass the outcomes computed with the same ``stats`` to avoid a second bootstrap)."""
+                     outcomes: Sequence[ComparisonOutcome] | None = None,
+                     cores: int | None = None) -> AnalysisRecords:
+    """The records of ``runs``, of ``outcomes`` (default: :func:`run_comparisons` with
+    ``stats``; pass the outcomes computed with the same ``stats`` to avoid a second bootstrap)
+    and of :func:`resource_comparisons` (``cores``: the machine's, for the oversubscription
+    caveat)."""
     loaded = load_runs(runs)
     if outcomes is None:
         outcomes = run_comparisons(loaded, stats=stats)
     keys = set(RunRecord.model_fields) & set(RunSummary.model_fields)
-    return AnalysisRecords(stage=stage, stats=stats, comparisons=[o.record for o in outcomes],
-                           runs=[RunRecord(name=r.name, role=r.role, scale=run_scale(r),
-                                           **r.summary.model_dump(include=keys - {"name"}))
-                                 for r in loaded.values()])
+    return AnalysisRecords(
+        stage=stage, stats=stats, cores=cores,
+        seeds=sorted({r.summary.seed for r in loaded.values()}),
+        comparisons=[o.record for o in outcomes],
+        resources=resource_comparisons(loaded, cores),
+        runs=[RunRecord(name=r.name, role=r.role, scale=run_scale(r),
+                        configuration=config_label(r),
+                        **r.summary.model_dump(include=keys - {"name"}))
+              for r in loaded.values()])
 
 
 def read_analysis(path: str | Path) -> AnalysisRecords:
-    """A stage's ``analysis.json``, validated."""
-    return AnalysisRecords.model_validate(read_json(path))
+    """A stage's ``analysis.json``, validated (a file of an older format is refused, naming
+    the stage to rerun)."""
+    data = read_json(path)
+    check(isinstance(data, dict) and data.get("format") == ANALYSIS_FORMAT, str(path),
+          data.get("format") if isinstance(data, dict) else type(data).__name__,
+          f"must be an {ANALYSIS_FORMAT} file: rerun the analysis stage (dvc repro)")
+    return AnalysisRecords.model_validate(data)
 
 
 # --------------------------------------------------------------------------------------------
@@ -505,10 +800,12 @@ def read_analysis(path: str | Path) -> AnalysisRecords:
 # --------------------------------------------------------------------------------------------
 
 def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "results",
-                   out_root: str | Path = "results/analysis") -> dict[str, Any]:
-    """Throughput, memory, communication and non-inferiority tables of one training stage.
+                   out_root: str | Path = "results/analysis",
+                   seeds: Sequence[int] | None = None) -> dict[str, Any]:
+    """Throughput, memory, communication, timing and non-inferiority tables of one stage.
 
-    Reads the finished runs under ``results_root/<stage>/runs``; tables are computed per corpus
+    Reads the finished runs under ``results_root/<stage>/runs`` (only those trained with one of
+    ``seeds`` when given: the active profile's seeds); tables are computed per corpus and seed
     against that corpus's reference role (:data:`STAGE_REFERENCES`) and written as CSV under
     ``out_root/<stage>/``, with ``noninferiority.json`` (the stage's DVC metric),
     ``analysis.json`` (:class:`AnalysisRecords`, read by the claims stage) and the figures as PNG
@@ -519,20 +816,26 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
     check(stage in STAGE_REFERENCES, "stage", stage, f"must be one of {sorted(STAGE_REFERENCES)}")
     runs_dir = Path(results_root) / stage / "runs"
     runs = load_runs(collect_runs(runs_dir))
+    if seeds is not None:
+        runs = {n: r for n, r in runs.items() if r.summary.seed in set(seeds)}
     if not runs:
-        raise FileNotFoundError(f"no finished runs under {runs_dir}")
+        raise FileNotFoundError(f"no finished runs under {runs_dir}"
+                                + (f" with seeds {list(seeds)}" if seeds is not None else ""))
     out_dir = Path(out_root) / stage
     frames = reference_tables(runs, *STAGE_REFERENCES[stage])
     outcomes = run_comparisons(runs, stats=stats)
+    records = analysis_records(runs, stage=stage, stats=stats, outcomes=outcomes,
+                               cores=available_cores())
     frames["noninferiority"] = outcomes_table(outcomes)
+    frames["timing"] = resources_table(records.resources)
     for name, frame in frames.items():
         atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
     atomic_write_json(out_dir / "noninferiority.json", {
-        row["comparison"]: {"mean_rel_diff": row["mean_rel_diff"],
-                            "upper_bound": row["upper_bound"],
-                            "non_inferior": bool(row["non_inferior"]), "pairs": row["pairs"]}
-        for row in frames["noninferiority"].to_dict("records")})
-    records = analysis_records(runs, stage=stage, stats=stats, outcomes=outcomes)
+        c.label: {"mean_rel_diff": c.mean_rel_diff, "upper_bound": c.upper_bound,
+                  "batch_upper_bound": c.batch_upper_bound,
+                  "seed_upper_bound": c.seed_upper_bound, "level": c.level,
+                  "non_inferior": c.non_inferior, "pairs": c.n_pairs, "seeds": c.n_seeds}
+        for c in records.comparisons})
     atomic_write_json(out_dir / "analysis.json", records.model_dump(mode="json"))
     figures = {"loss_curves": plots.plot_loss_curves(runs, title=f"{stage}: loss curves"),
                "bootstrap": plots.plot_bootstrap(outcomes)}

@@ -2,9 +2,18 @@
 
 A :class:`Claim` is declared once, in its paper's wing (:mod:`lmrepro.scape.claims`,
 :mod:`lmrepro.rgc.claims`): its text, the paper's figure and scale (quoted, with their source),
-the rule our measurement is judged by, and the function that measures it from the analysis
-stages' records (:class:`~lmrepro.pipeline.analysis.AnalysisRecords`). The claims stage only reads
-those records: no run directory is opened and no bootstrap is recomputed here.
+the rule our measurement is judged by, a caveat that weakens any verdict on it, and the function
+that measures it from the analysis stages' records
+(:class:`~lmrepro.pipeline.analysis.AnalysisRecords`). The claims stage only reads those records:
+no run directory is opened and no bootstrap is recomputed here.
+
+Verdicts. A measured claim is ``reproduced``, ``not reproduced`` or ``inconclusive`` (a
+:class:`Measured` whose ``reproduced`` is None: e.g. a timing difference inside the step-time
+spread, :func:`timing_verdict`); a claim with nothing to measure in this profile is ``not run``.
+
+Caveats travel with the verdict: the claim's declared caveat, and those its measure computes
+(one seed, too few seeds for the seed-level bound, oversubscribed runs, a timing difference inside
+its spread, ...) go to the claims table, the claims report and the index's "Results at a glance".
 """
 
 from __future__ import annotations
@@ -18,22 +27,41 @@ import pandas as pd
 
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_json, atomic_write_text
-from lmrepro.pipeline.analysis import (DEFAULT_STATS, AnalysisRecords, ComparisonRecord, RunRecord,
-                                       read_analysis)
+from lmrepro.pipeline.analysis import (DEFAULT_STATS, AnalysisRecords, ComparisonRecord,
+                                       ResourceRecord, RunRecord, read_analysis)
 
-NOT_RUN = "not run in this profile"
 STAGES = ("scape", "rgc")
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not reproduced"
+INCONCLUSIVE = "inconclusive"
+NOT_RUN = "not run"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_RUN)
+#: the measured column of a claim that this profile does not run
+NOT_RUN_TEXT = "not run in this profile"
+#: the caveats column joins the caveats with this separator
+CAVEAT_SEPARATOR = "; "
 
 
 @dataclass(frozen=True)
 class Measured:
-    """Our figure for a claim in one setting (e.g. one corpus)."""
+    """Our figure for a claim in one setting (e.g. one corpus).
+
+    ``reproduced`` is None when the measurement cannot decide (inconclusive); ``caveats`` are
+    what weakens this verdict (computed by the measure function)."""
 
     corpus: str
     measured: str        # the figure, in words
     value: float         # the number behind it: a fraction or a ratio (nan when diverged)
-    reproduced: bool
+    reproduced: bool | None
     scale: str           # our scale (:func:`lmrepro.pipeline.analysis.run_scale`)
+    caveats: tuple[str, ...] = ()
+
+    @property
+    def verdict(self) -> str:
+        """``reproduced``, ``not reproduced`` or ``inconclusive``."""
+        if self.reproduced is None:
+            return INCONCLUSIVE
+        return REPRODUCED if self.reproduced else NOT_REPRODUCED
 
 
 Measure = Callable[[AnalysisRecords], list[Measured]]
@@ -45,7 +73,8 @@ class Claim:
 
     ``paper_figure`` and ``paper_scale`` are the paper's, quoted from ``source`` (the papers'
     tables and figures were not available to us: DESIGN.md quotes the SCAPE abstract and a
-    summary of the RGC paper); ``rule`` says how ``measure``'s figure is judged."""
+    summary of the RGC paper); ``rule`` says how ``measure``'s figure is judged; ``caveat``
+    (declared with the claim) is shown with every verdict on it."""
 
     id: str
     paper: str
@@ -55,6 +84,7 @@ class Claim:
     paper_scale: str
     rule: str
     measure: Measure = field(repr=False, compare=False)
+    caveat: str = ""
 
 
 def registry() -> tuple[Claim, ...]:
@@ -65,12 +95,24 @@ def registry() -> tuple[Claim, ...]:
     return SCAPE_CLAIMS + RGC_CLAIMS
 
 
+# --------------------------------------------------------------------------------------------
+# Helpers of the measure functions
+# --------------------------------------------------------------------------------------------
+
 def ni_text(c: ComparisonRecord) -> str:
-    """A non-inferiority result in words: mean d, U, margin, verdict, pairs, bootstrap method."""
+    """A non-inferiority result in words: mean d, the verdict's bound U and its level, the
+    other level's bound, margin, verdict, seeds and pairs."""
     if c.mean_rel_diff is None or c.upper_bound is None:
         return f"diverged ({c.note}); {c.n_pairs} pairs"
-    return (f"mean d {c.mean_rel_diff * 100:+.3f} %, U {c.upper_bound * 100:+.3f} % (margin "
-            f"{c.margin:.1%}): {c.verdict}; {c.n_pairs} pairs, {c.bootstrap_method}")
+    other = ""
+    if c.level == "seed" and c.batch_upper_bound is not None:
+        other = f"; batch-level U {c.batch_upper_bound * 100:+.3g} %"
+    elif c.seed_upper_bound is not None:
+        other = f"; seed-level U {c.seed_upper_bound * 100:+.3g} %"
+    seeds = f"{c.n_seeds} seed{'s' * (c.n_seeds != 1)}"
+    return (f"mean d {c.mean_rel_diff * 100:+.3g} %, U {c.upper_bound * 100:+.3g} % "
+            f"({c.level} level{other}; margin {c.margin:.1%}): {c.verdict}; {seeds}, "
+            f"{c.n_pairs} pairs")
 
 
 def ni_value(c: ComparisonRecord) -> float:
@@ -85,11 +127,38 @@ def comparisons(records: AnalysisRecords, candidate: str, baseline: str
             if c.candidate_role == candidate and c.baseline_role == baseline]
 
 
+def resources(records: AnalysisRecords, candidate: str, *baselines: str) -> list[ResourceRecord]:
+    """The timing and memory comparisons of a ``candidate`` role against ``baselines`` roles."""
+    return [r for r in records.resources
+            if r.candidate_role == candidate and r.baseline_role in baselines]
+
+
+def comparison_scale(records: AnalysisRecords, candidate_runs: Sequence[str],
+                     extra: str = "") -> str:
+    """Our scale for a comparison: its first candidate run's scale and the number of seeds."""
+    n = len(candidate_runs)
+    text = f"{records.run(candidate_runs[0]).scale}; {n} seed{'s' * (n != 1)}"
+    return f"{text}; {extra}" if extra else text
+
+
+def timing_verdict(holds: bool, conclusive: bool) -> bool | None:
+    """A timing claim's outcome: whether its direction ``holds`` when the difference is
+    conclusive (outside the step-time spread), else None (inconclusive)."""
+    return holds if conclusive else None
+
+
+def spread_text(r: ResourceRecord) -> str:
+    """The timing spread in words (``docs/statistics.md``)."""
+    if r.relative_spread is None:
+        return "no step-time spread recorded"
+    return f"step-time spread +-{r.relative_spread:.0%}"
+
+
 def noninferiority_measure(candidate: str, baseline: str, *, non_inferior: bool,
                            sparsity: float | None = None, corpus: str | None = None) -> Measure:
     """Measure of a verdict claim: each comparison of ``candidate`` against ``baseline`` (at
     ``sparsity``, on the corpus named ``corpus`` when given) is reproduced iff its verdict
-    is ``non_inferior``."""
+    is ``non_inferior``; the comparison's caveats come along."""
     def measure(records: AnalysisRecords) -> list[Measured]:
         out = []
         for c in comparisons(records, candidate, baseline):
@@ -97,10 +166,9 @@ def noninferiority_measure(candidate: str, baseline: str, *, non_inferior: bool,
                 continue
             if corpus is not None and c.corpus != corpus:
                 continue
-            scale = records.run(c.candidate_runs[0]).scale
+            scale = comparison_scale(records, c.candidate_runs, f"{c.n_pairs} eval batches")
             out.append(Measured(c.corpus, ni_text(c), ni_value(c),
-                                c.non_inferior == non_inferior,
-                                f"{scale}; {c.n_pairs} eval batches"))
+                                c.non_inferior == non_inferior, scale, tuple(c.caveats)))
         return out
     return measure
 
@@ -115,29 +183,53 @@ def runs_of(records: AnalysisRecords, *roles: str) -> list[RunRecord]:
     return [r for r in records.runs if r.role in roles]
 
 
+# --------------------------------------------------------------------------------------------
+# The table and the stage
+# --------------------------------------------------------------------------------------------
+
+CLAIM_COLUMNS = ["id", "paper", "claim", "paper_figure", "paper_scale", "measured",
+                 "measured_value", "our_scale", "corpus", "rule", "verdict", "caveats"]
+
+
+def _caveats(*parts: str) -> str:
+    seen: list[str] = []
+    for part in parts:
+        if part and part not in seen:
+            seen.append(part)
+    return CAVEAT_SEPARATOR.join(seen)
+
+
 def claims_table(records: AnalysisRecords, claims: Sequence[Claim] | None = None
                  ) -> pd.DataFrame:
     """Each claim (default: :func:`registry`) beside our measured figure.
 
-    Columns: ``id``, ``paper``, ``claim``, ``paper_figure`` (the paper's, labelled ``paper:``),
-    ``paper_scale``, ``measured``, ``measured_value`` (the number behind it: a fraction or a
-    ratio), ``our_scale``, ``corpus``, ``rule`` and ``reproduced`` (``yes``, ``no`` or ``not run
-    in this profile`` when the records hold nothing the claim measures). A claim measured in
-    several settings (e.g. two corpora) gets one row each.
+    Columns (:data:`CLAIM_COLUMNS`): ``id``, ``paper``, ``claim``, ``paper_figure`` (the
+    paper's, labelled ``paper:``), ``paper_scale``, ``measured``, ``measured_value`` (the number
+    behind it: a fraction or a ratio), ``our_scale``, ``corpus``, ``rule``, ``verdict`` (one of
+    :data:`VERDICTS`) and ``caveats`` (the declared caveat, then the measured ones, joined by
+    ``"; "``). A claim measured in several settings (e.g. two corpora) gets one row each.
     """
     rows = []
     for claim in registry() if claims is None else claims:
         base = {"id": claim.id, "paper": claim.paper, "claim": claim.claim,
-                "paper_figure": claim.paper_figure, "paper_scale": claim.paper_scale}
+                "paper_figure": claim.paper_figure, "paper_scale": claim.paper_scale,
+                "rule": claim.rule}
         measured = claim.measure(records)
         if not measured:
-            rows.append({**base, "measured": NOT_RUN, "measured_value": math.nan,
-                         "our_scale": "", "corpus": "", "rule": claim.rule,
-                         "reproduced": NOT_RUN})
+            rows.append({**base, "measured": NOT_RUN_TEXT, "measured_value": math.nan,
+                         "our_scale": "", "corpus": "", "verdict": NOT_RUN,
+                         "caveats": _caveats(claim.caveat)})
         rows += [{**base, "measured": m.measured, "measured_value": m.value,
-                  "our_scale": m.scale, "corpus": m.corpus, "rule": claim.rule,
-                  "reproduced": "yes" if m.reproduced else "no"} for m in measured]
-    return pd.DataFrame(rows)
+                  "our_scale": m.scale, "corpus": m.corpus, "verdict": m.verdict,
+                  "caveats": _caveats(claim.caveat, *m.caveats)} for m in measured]
+    return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
+
+
+def verdict_counts(table: pd.DataFrame) -> dict[str, int]:
+    """``claims`` (rows) and the number of rows of each verdict (the DVC metric)."""
+    counts = table["verdict"].value_counts().to_dict()
+    return {"claims": len(table),
+            **{v.replace(" ", "_"): int(counts.get(v, 0)) for v in VERDICTS}}
 
 
 def merge_records(by_stage: Mapping[str, AnalysisRecords]) -> AnalysisRecords:
@@ -145,27 +237,45 @@ def merge_records(by_stage: Mapping[str, AnalysisRecords]) -> AnalysisRecords:
     prefixed ``<stage>/`` so that runs of two stages never collide."""
     stats = {rec.stats for rec in by_stage.values()} or {DEFAULT_STATS}
     check(len(stats) == 1, "stats", stats, "must be the same for every stage: rerun the analyses")
-    runs, comps = [], []
+    runs, comps, res = [], [], []
+    seeds: set[int] = set()
+    cores = [rec.cores for rec in by_stage.values() if rec.cores is not None]
+
+    def prefixed(stage: str, names: list[str]) -> list[str]:
+        return [f"{stage}/{n}" for n in names]
+
     for stage, rec in by_stage.items():
+        seeds |= set(rec.seeds)
         runs += [r.model_copy(update={"name": f"{stage}/{r.name}"}) for r in rec.runs]
-        comps += [c.model_copy(update={"candidate_runs": [f"{stage}/{n}" for n in c.candidate_runs],
-                                       "baseline_runs": [f"{stage}/{n}" for n in c.baseline_runs]})
+        comps += [c.model_copy(update={"candidate_runs": prefixed(stage, c.candidate_runs),
+                                       "baseline_runs": prefixed(stage, c.baseline_runs)})
                   for c in rec.comparisons]
-    return AnalysisRecords(stage="+".join(by_stage), stats=stats.pop(), runs=runs,
-                           comparisons=comps)
+        res += [r.model_copy(update={"candidate_runs": prefixed(stage, r.candidate_runs),
+                                     "baseline_runs": prefixed(stage, r.baseline_runs)})
+                for r in rec.resources]
+    return AnalysisRecords(stage="+".join(by_stage), stats=stats.pop(), seeds=sorted(seeds),
+                           cores=min(cores) if cores else None, runs=runs, comparisons=comps,
+                           resources=res)
+
+
+def read_stage_records(analysis_root: str | Path = "results/analysis") -> AnalysisRecords:
+    """The merged records of every stage in :data:`STAGES` that has an ``analysis.json``."""
+    return merge_records({
+        stage: read_analysis(path) for stage in STAGES
+        if (path := Path(analysis_root) / stage / "analysis.json").exists()})
 
 
 def claims_stage(analysis_root: str | Path = "results/analysis",
                  out_root: str | Path = "results/analysis") -> pd.DataFrame:
     """The claims table from ``analysis_root/<stage>/analysis.json`` of each stage in
-    :data:`STAGES` (a missing stage's claims are ``not run in this profile``); writes
-    ``out_root/claims.csv`` and the DVC metric ``out_root/claims.json``."""
-    table = claims_table(merge_records({
-        stage: read_analysis(path) for stage in STAGES
-        if (path := Path(analysis_root) / stage / "analysis.json").exists()}))
+    :data:`STAGES` (a missing stage's claims are ``not run``); writes ``out_root/claims.csv``,
+    the DVC metric ``out_root/claims.json`` (:func:`verdict_counts`) and the forest plot of
+    every comparison, ``out_root/forest.png``."""
+    from lmrepro.pipeline import plots
+
+    records = read_stage_records(analysis_root)
+    table = claims_table(records)
     atomic_write_text(Path(out_root) / "claims.csv", table.to_csv(index=False))
-    counts = table["reproduced"].value_counts().to_dict()
-    atomic_write_json(Path(out_root) / "claims.json", {
-        "claims": len(table), "reproduced_yes": int(counts.get("yes", 0)),
-        "reproduced_no": int(counts.get("no", 0)), "not_run": int(counts.get(NOT_RUN, 0))})
+    atomic_write_json(Path(out_root) / "claims.json", verdict_counts(table))
+    plots.save_figure(plots.plot_forest(records.comparisons), Path(out_root) / "forest.png")
     return table

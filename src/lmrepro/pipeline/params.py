@@ -2,8 +2,11 @@
 
 ``params.yaml`` holds the default profile (2 CPU cores, ``dvc repro`` in about 15 minutes) at its
 top level, a ``profile`` key naming the active profile, and a ``profiles`` mapping of named
-overrides (``smoke`` for tests, ``paper`` for the papers' scale). The active configuration is the
-top level deep-merged with ``profiles[profile]``.
+overrides (``smoke`` for tests, ``reference`` for the published reference run, ``paper`` for the
+papers' scale). The active configuration is the top level deep-merged with ``profiles[profile]``.
+
+``seeds`` lists the training seeds: every training suite runs once per seed, and the analysis
+pairs runs by seed (``docs/statistics.md``).
 
 Every stage validates the merged configuration before it does anything: an unknown key, a wrong
 type or an out-of-range value stops with the key path, the value and what is allowed, e.g.::
@@ -40,13 +43,20 @@ class Params(Section):
     key: ClassVar[str] = ""
 
     profile: str
-    seed: int = Field(ge=0)
+    seeds: list[int] = Field(min_length=1, description="training seeds: every training suite "
+                             "runs once per seed (>= 3 for a seed-level verdict)")
     data: DataConfig
     model: ModelConfig
     train: BaselineSuite
     scape: ScapeSuite
     rgc: RGCSuite
     stats: StatsConfig = StatsConfig()
+
+    @model_validator(mode="after")
+    def _seeds_distinct(self) -> Params:
+        if any(s < 0 for s in self.seeds) or len(set(self.seeds)) != len(self.seeds):
+            raise field_error("seeds", self.seeds, "must be distinct integers >= 0")
+        return self
 
     @model_validator(mode="after")
     def _corpora_prepared(self) -> Params:

@@ -14,7 +14,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lmrepro.io import atomic_write_bytes
-from lmrepro.pipeline.analysis import ComparisonOutcome, Runs, bytes_long, load_runs
+from lmrepro.pipeline.analysis import (ComparisonOutcome, ComparisonRecord, Runs, bytes_long,
+                                       load_runs)
 
 LN2 = math.log(2.0)
 
@@ -74,8 +75,9 @@ def plot_bytes_per_step(runs: Runs, *, log: bool = True,
 
 
 def plot_bootstrap(outcomes: Sequence[ComparisonOutcome], *, ncols: int = 2) -> Figure:
-    """One panel per comparison: the bootstrap distribution of the mean relative difference
-    (percent), the margin (red vertical line), the upper bound U (dashed) and mean d (dotted)."""
+    """One panel per comparison: the bootstrap distribution behind the verdict's bound (seed
+    level with enough seeds, else batch level) of the mean relative difference (percent), the
+    margin (red vertical line), the upper bound U (dashed) and mean d (dotted)."""
     import seaborn as sns
 
     with_result = [o for o in outcomes if o.result is not None]
@@ -93,11 +95,47 @@ def plot_bootstrap(outcomes: Sequence[ComparisonOutcome], *, ncols: int = 2) -> 
                    label=f"U {r.upper_bound:+.2%}")
         ax.axvline(r.mean_rel_diff * 100, color="gray", linestyle=":",
                    label=f"mean {r.mean_rel_diff:+.2%}")
-        ax.set_title(f"{o.record.label}: {r.verdict}", fontsize=9)
+        ax.set_title(f"{o.record.label}: {r.verdict} ({r.level} level)", fontsize=9)
         ax.set_xlabel("mean relative difference (%)")
         ax.legend(fontsize=7)
     for ax in axes[len(with_result):]:
         ax.set_axis_off()
+    return fig
+
+
+def plot_forest(comparisons: Sequence[ComparisonRecord], *,
+                title: str = "Non-inferiority: every comparison") -> Figure:
+    """One row per comparison: the mean relative difference (dot) and the one-sided upper bound
+    the verdict uses (the bar's end, ``|``), the other level's bound (``x``), the margin (red
+    line) and zero (grey); green rows are non-inferior. Diverged candidates are labelled."""
+    n = max(1, len(comparisons))
+    fig = Figure(figsize=(9, 0.45 * n + 1.4), layout="constrained")
+    ax = fig.subplots()
+    margins = sorted({c.margin for c in comparisons}) or [0.01]
+    for m in margins:
+        ax.axvline(m * 100, color="tab:red", linewidth=1.5, label=f"margin {m:.1%}")
+    ax.axvline(0.0, color="0.6", linewidth=0.8)
+    labels = []
+    for i, c in enumerate(reversed(comparisons)):
+        labels.append(f"{c.label} [{c.n_seeds} seed{'s' * (c.n_seeds != 1)}]")
+        if c.mean_rel_diff is None or c.upper_bound is None:
+            ax.annotate("diverged", (0.0, i), xytext=(4, -3), textcoords="offset points",
+                        fontsize=8, color="tab:red")
+            continue
+        colour = "tab:green" if c.non_inferior else "tab:orange"
+        mean, upper = c.mean_rel_diff * 100, c.upper_bound * 100
+        ax.plot([mean, upper], [i, i], color=colour, linewidth=2.5, solid_capstyle="butt")
+        ax.plot([mean], [i], "o", color=colour, markersize=6)
+        ax.plot([upper], [i], "|", color="black", markersize=12, markeredgewidth=2)
+        other = c.batch_upper_bound if c.level == "seed" else c.seed_upper_bound
+        if other is not None:
+            ax.plot([other * 100], [i], "x", color="0.3", markersize=6)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylim(-0.7, max(0.7, len(labels) - 0.3))
+    ax.set_xlabel("mean relative difference in eval loss (%): dot = mean, | = upper bound U of "
+                  "the verdict, x = the other level's U")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
     return fig
 
 

@@ -6,40 +6,37 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from lmrepro.errors import check
-from lmrepro.pipeline.analysis import GIB, ROLE_BACKPROP, ROLE_RGC_ASYNC, AnalysisRecords, RunRecord
-from lmrepro.pipeline.claims import Claim, Measured, noninferiority_measure, runs_of, same_setting
+from lmrepro.pipeline.analysis import GIB, ROLE_BACKPROP, ROLE_RGC_ASYNC, AnalysisRecords
+from lmrepro.pipeline.claims import (Claim, Measured, comparison_scale, noninferiority_measure,
+                                     resources, spread_text, timing_verdict)
 
 PAPER = "RGC (bounded-horizon local training)"
 SOURCE = "summary, as quoted in DESIGN.md (the paper's full text was not available)"
 SCALE = "24-layer byte-level transformer, 4 stages x 6 layers, 31 CPU cores"
 
 
-def _async_vs_backprop(records: AnalysisRecords) -> list[tuple[RunRecord, RunRecord]]:
-    return [(c, b) for c in runs_of(records, ROLE_RGC_ASYNC)
-            for b in runs_of(records, ROLE_BACKPROP) if same_setting(b, c)]
-
-
 def throughput(records: AnalysisRecords) -> list[Measured]:
-    """Async RGC tokens/s over backprop tokens/s, per setting."""
+    """Async RGC tokens/s over backprop tokens/s (means over the seeds), per setting;
+    inconclusive inside the step-time spread."""
     out = []
-    for c, b in _async_vs_backprop(records):
-        x = c.tokens_per_s / b.tokens_per_s
-        out.append(Measured(c.corpus, f"{x:.3f}x tokens/s ({c.tokens_per_s:.4g} vs "
-                            f"{b.tokens_per_s:.4g}; {c.name} vs {b.name})", x, x > 1.0, c.scale))
+    for r in resources(records, ROLE_RGC_ASYNC, ROLE_BACKPROP):
+        x = r.throughput_ratio
+        out.append(Measured(r.corpus, f"{x:.3g}x tokens/s ({r.candidate_tokens_per_s:.4g} vs "
+                            f"{r.baseline_tokens_per_s:.4g}; {spread_text(r)})", x,
+                            timing_verdict(x > 1.0, r.throughput_conclusive),
+                            comparison_scale(records, r.candidate_runs), tuple(r.caveats)))
     return out
 
 
 def memory(records: AnalysisRecords) -> list[Measured]:
-    """Async RGC peak resident memory over backprop's, per setting."""
+    """Async RGC peak resident memory over backprop's (means over the seeds), per setting."""
     out = []
-    for c, b in _async_vs_backprop(records):
-        check(b.peak_rss_bytes > 0, f"{b.name}: peak_rss_bytes", b.peak_rss_bytes,
-              "must be > 0 (a ratio's base)")
-        x = c.peak_rss_bytes / b.peak_rss_bytes
-        out.append(Measured(c.corpus, f"{c.peak_rss_bytes / GIB:.3f} vs "
-                            f"{b.peak_rss_bytes / GIB:.3f} GiB ({x:.2f}x; {c.name} vs {b.name})",
-                            x, x > 1.0, c.scale))
+    for r in resources(records, ROLE_RGC_ASYNC, ROLE_BACKPROP):
+        x = math.nan if r.memory_ratio is None else r.memory_ratio
+        out.append(Measured(r.corpus, f"{r.candidate_peak_rss_bytes / GIB:.3f} vs "
+                            f"{r.baseline_peak_rss_bytes / GIB:.3f} GiB ({x:.2f}x)",
+                            x, x > 1.0, comparison_scale(records, r.candidate_runs),
+                            tuple(c for c in r.caveats if c.startswith("oversubscribed"))))
     return out
 
 

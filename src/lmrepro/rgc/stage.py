@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from lmrepro.data.stage import data_identity, load_splits
-from lmrepro.results import SUMMARY, collect_runs, prepare_runs_dir, read_run, write_stage_products
+from lmrepro.results import SUMMARY, prepare_runs_dir, read_run, seed_dir, write_stage_products
 from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor
 from lmrepro.rgc.runner import train
 
@@ -37,19 +37,25 @@ def run_executors(train_data: np.ndarray, val_data: np.ndarray, corpus: str,
     return summaries
 
 
-def run_suite(suite: RGCSuite, seed: int, prepared_dir: str | Path,
+def run_suite(suite: RGCSuite, seeds: Sequence[int], prepared_dir: str | Path,
               stage_dir: str | Path = "results/rgc") -> dict[str, Path]:
-    """The ``rgc:`` section's executors on each of its corpora; DVC metrics and plots."""
+    """The ``rgc:`` section's executors on each of its corpora, once per seed into
+    ``runs/<corpus>/seed<N>/<run>``; DVC metrics and plots."""
     stage_dir = Path(stage_dir)
+    # seeds are not part of the identity: adding one keeps the other seeds' finished runs
     prepare_runs_dir(stage_dir / "runs", {
-        "seed": seed, "rgc": suite.to_dict(),
+        "rgc": suite.to_dict(),
         "data": {c: data_identity(prepared_dir, c) for c in suite.corpora}})
+    out: dict[str, Path] = {}
     for corpus in suite.corpora:
         train_data, val_data = load_splits(prepared_dir, corpus)
-        log.info("RGC suite %s on %s -> %s", list(suite.executors), corpus,
-                 stage_dir / "runs" / corpus)
-        run_executors(train_data, val_data, corpus, stage_dir / "runs" / corpus, suite.config,
-                      suite.executors, seed)
-    out = collect_runs(stage_dir / "runs")
+        log.info("RGC suite %s x seeds %s on %s -> %s", list(suite.executors), list(seeds),
+                 corpus, stage_dir / "runs" / corpus)
+        for seed in seeds:
+            where = f"{corpus}/{seed_dir(seed)}"
+            run_executors(train_data, val_data, corpus, stage_dir / "runs" / where,
+                          suite.config, suite.executors, seed)
+            out.update({f"{where}/{RUN_NAMES[e]}": stage_dir / "runs" / where / RUN_NAMES[e]
+                        for e in suite.executors})
     write_stage_products(stage_dir, out)
     return out

@@ -4,9 +4,10 @@ it from the ``scape`` analysis (:class:`~lmrepro.pipeline.analysis.AnalysisRecor
 from __future__ import annotations
 
 from lmrepro.pipeline.analysis import (ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_TOPK,
-                                       AnalysisRecords, RunRecord)
-from lmrepro.pipeline.claims import (Claim, Measured, comparisons, ni_text, ni_value,
-                                     noninferiority_measure, runs_of, same_setting)
+                                       AnalysisRecords, ResourceRecord)
+from lmrepro.pipeline.claims import (Claim, Measured, comparison_scale, comparisons, ni_text,
+                                     ni_value, noninferiority_measure, resources, spread_text,
+                                     timing_verdict)
 
 PAPER = "SCAPE (arXiv 2607.01678)"
 SOURCE = "abstract, as quoted in DESIGN.md (the paper's tables and figures were not available)"
@@ -14,40 +15,40 @@ SCALE = "GPT-345M / OpenWebText and Llama-500M / SlimPajama-6B, 32 GH200 GPUs"
 
 
 def step_speedup(records: AnalysisRecords) -> list[Measured]:
-    """The best per-step speedup of a SCAPE run over dense AdamS in the same setting."""
-    best: tuple[float, RunRecord, RunRecord] | None = None
-    for c in runs_of(records, ROLE_SCAPE):
-        for b in runs_of(records, ROLE_ADAMS):
-            x = b.mean_step_time_s / c.mean_step_time_s
-            if same_setting(b, c) and (best is None or x > best[0]):
-                best = (x, b, c)
-    if best is None:
+    """The best per-step speedup of a SCAPE configuration over dense AdamS in the same setting
+    (mean step times over the seeds); inconclusive inside the step-time spread."""
+    found = resources(records, ROLE_SCAPE, ROLE_ADAMS)
+    if not found:
         return []
-    x, b, c = best
-    return [Measured(c.corpus, f"{x:.3f}x per step ({c.name} vs {b.name})", x, x > 1.0, c.scale)]
+    r = max(found, key=lambda r: r.speedup)
+    x = r.speedup
+    return [Measured(r.corpus, f"{x:.3g}x per step ({r.candidate_configuration} vs "
+                     f"{r.baseline_configuration}; {spread_text(r)})", x,
+                     timing_verdict(x > 1.0, r.speedup_conclusive),
+                     comparison_scale(records, r.candidate_runs), tuple(r.caveats))]
 
 
-def _wall(run: RunRecord) -> float:
-    return run.mean_step_time_s * float(run.steps)
+def _wall(r: ResourceRecord) -> float:
+    return r.baseline_steps * r.baseline_step_time_s
 
 
 def wallclock(records: AnalysisRecords) -> list[Measured]:
-    """The largest wall-clock reduction (steps x mean step time) of a SCAPE run against the
-    faster dense run (AdamW or AdamS) of the same setting."""
-    best: tuple[float, RunRecord, RunRecord] | None = None
-    for c in runs_of(records, ROLE_SCAPE):
-        dense = [b for b in runs_of(records, ROLE_ADAMW, ROLE_ADAMS) if same_setting(b, c)]
-        if not dense:
-            continue
-        b = min(dense, key=_wall)
-        reduction = 1.0 - _wall(c) / _wall(b)
-        if best is None or reduction > best[0]:
-            best = (reduction, b, c)
-    if best is None:
+    """The largest wall-clock reduction (steps x mean step time) of a SCAPE configuration against
+    the faster dense configuration (AdamW or AdamS) of the same setting; inconclusive inside the
+    step-time spread."""
+    faster: dict[tuple[str, str], ResourceRecord] = {}
+    for r in resources(records, ROLE_SCAPE, ROLE_ADAMW, ROLE_ADAMS):
+        key = (r.candidate_configuration, r.corpus)
+        if key not in faster or _wall(r) < _wall(faster[key]):
+            faster[key] = r
+    if not faster:
         return []
-    red, b, c = best
-    return [Measured(c.corpus, f"{red:.1%} less ({c.name} vs {b.name})", red, red > 0.0,
-                     c.scale)]
+    r = min(faster.values(), key=lambda r: r.wall_ratio)
+    red = 1.0 - r.wall_ratio
+    return [Measured(r.corpus, f"{red:.1%} less ({r.candidate_configuration} vs "
+                     f"{r.baseline_configuration}; {spread_text(r)})", red,
+                     timing_verdict(red > 0.0, r.wall_conclusive),
+                     comparison_scale(records, r.candidate_runs), tuple(r.caveats))]
 
 
 def topk_unstable(records: AnalysisRecords) -> list[Measured]:
@@ -57,7 +58,8 @@ def topk_unstable(records: AnalysisRecords) -> list[Measured]:
         return []
     top = max(c.sparsity or 0.0 for c in topk)
     return [Measured(c.corpus, f"top-k @ {top:.0%}: {ni_text(c)}", ni_value(c),
-                     not c.non_inferior, records.run(c.candidate_runs[0]).scale)
+                     not c.non_inferior, comparison_scale(records, c.candidate_runs),
+                     tuple(c.caveats))
             for c in topk if (c.sparsity or 0.0) == top]
 
 
