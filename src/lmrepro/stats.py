@@ -180,7 +180,8 @@ def noninferiority(baseline: Sequence[float] | np.ndarray,
         mean_rel_diff=mean_d, upper_bound=upper, margin=float(margin),
         non_inferior=bool(upper < margin), n_pairs=int(d.size), method=used,
         confidence=float(confidence), n_resamples=int(n_resamples), seed=int(seed),
-        bootstrap_distribution=seed_dist if level == "seed" else batch_dist,
+        bootstrap_distribution=seed_dist if seed_dist is not None and level == "seed"
+        else batch_dist,
         standard_error=float(res.standard_error), fallback_reason=reason, level=level,
         batch_upper_bound=batch_upper, seed_upper_bound=seed_upper, n_groups=n_groups,
         group_means=group_means, min_groups=int(min_groups), batch_distribution=batch_dist,
@@ -208,18 +209,19 @@ def hierarchical_bootstrap(d: np.ndarray, groups: np.ndarray, n_resamples: int,
     sizes = np.bincount(groups, minlength=n_groups)
     n_max = int(sizes.max())
     padded = np.zeros((n_groups, n_max))
-    for g in range(n_groups):
-        padded[g, :sizes[g]] = d[groups == g]
+    for code in range(n_groups):
+        padded[code, :sizes[code]] = d[groups == code]
     drawn = rng.integers(0, n_groups, (n_resamples, n_groups))
     block = max(1, (_BATCH_ELEMENTS >> 2) // (n_groups * n_max))  # ~4M values per block
     out = np.empty(n_resamples)
     slots = np.arange(n_max)
     for lo in range(0, n_resamples, block):
-        g = drawn[lo:lo + block]                                   # (r, G)
-        n = sizes[g]                                               # (r, G)
-        idx = np.floor(rng.random((g.shape[0], n_groups, n_max)) * n[..., None]).astype(np.int64)
+        chosen = drawn[lo:lo + block]                              # (r, G) group codes
+        n = sizes[chosen]                                          # (r, G) their sizes
+        u = rng.random((chosen.shape[0], n_groups, n_max))
+        idx = np.floor(u * n[..., None]).astype(np.int64)
         used = slots[None, None, :] < n[..., None]
-        values = padded[g[..., None], np.where(used, idx, 0)]
+        values = padded[chosen[..., None], np.where(used, idx, 0)]
         out[lo:lo + block] = (values * used).sum(axis=(1, 2)) / n.sum(axis=1)
     return out
 

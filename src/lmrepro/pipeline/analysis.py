@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from lmrepro.errors import ParameterError, check
 from lmrepro.io import atomic_write_json, atomic_write_text, read_json, read_jsonl
 from lmrepro.results import (BYTE_KINDS, EVAL_LOSSES, METRICS, SUMMARY, Method, RunSummary,
                              collect_runs, read_summary)
+from lmrepro.pipeline.provenance import usable_cores as available_cores
 from lmrepro.stats import NonInferiorityResult, StatsConfig, noninferiority
 
 GIB = float(1 << 30)
@@ -134,14 +134,6 @@ def configuration_key(config: Mapping[str, Any]) -> str:
     names and seeds, as canonical JSON. Runs of one suite that differ only in the seed share it;
     runs of a learning-rate sweep do not."""
     return json.dumps(_without_names(dict(config)), sort_keys=True, default=str)
-
-
-def available_cores() -> int:
-    """CPU cores this process may use (its affinity mask; ``os.cpu_count()`` elsewhere)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 RunSource = str | Path | Run
@@ -649,15 +641,15 @@ def resource_caveats(cands: Sequence[Run], bases: Sequence[Run], cores: int | No
     machine's cores), a difference inside the spread, no recorded spread."""
     out = []
     if cores is not None:
-        over = sorted({(r.summary.threads, config_label(r)) for r in (*cands, *bases)
-                       if r.summary.threads > cores})
-        for threads, label in over:
-            out.append(f"oversubscribed: {label} ran {threads} threads on {cores} cores, so its "
-                       "throughput is not representative")
+        over = sorted({f"{config_label(r)} ({r.summary.threads} threads)"
+                       for r in (*cands, *bases) if r.summary.threads > cores})
+        if over:
+            out.append(f"oversubscribed: {' and '.join(over)} on {cores} cores: throughput not "
+                       "representative")
     if rho is None:
         out.append("no step-time spread recorded: timing verdict inconclusive")
     elif abs(math.log(speedup)) <= rho:
-        out.append(f"timing difference inside the step-time spread (+-{rho:.0%})")
+        out.append(f"timing difference inside the step-time spread (±{rho:.0%})")
     return out
 
 

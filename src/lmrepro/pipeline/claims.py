@@ -151,7 +151,7 @@ def spread_text(r: ResourceRecord) -> str:
     """The timing spread in words (``docs/statistics.md``)."""
     if r.relative_spread is None:
         return "no step-time spread recorded"
-    return f"step-time spread +-{r.relative_spread:.0%}"
+    return f"step-time spread ±{r.relative_spread:.0%}"
 
 
 def noninferiority_measure(candidate: str, baseline: str, *, non_inferior: bool,

@@ -1,9 +1,17 @@
 """Execute a parameterized notebook with papermill and render it to HTML under ``reports/``.
 
 Every pipeline stage is ``lmrepro notebook notebooks/NN_name.ipynb``: the executed copy goes to
-``reports/NN_name.ipynb`` and its HTML rendering (code, tables, plots) to ``reports/NN_name.html``.
-Both are written atomically: a failed execution leaves the previous report in place and raises with
-papermill's message (the failing cell's traceback).
+``reports/NN_name.ipynb`` and its HTML rendering (figures inline, code input hidden, a header with
+the commit, the profile and links to the index and the neighbouring reports:
+:mod:`lmrepro.pipeline.render`) to ``reports/NN_name.html``. Both are written atomically: a failed
+execution leaves the previous report in place and raises with papermill's message (the failing
+cell's traceback). How long the notebook ran is papermill's ``metadata.papermill.duration`` of the
+executed copy (the index reads it).
+
+The kernel is told it renders a report (:data:`REPORT_ENV`): its first cell
+(:func:`lmrepro.pipeline.session.start`) then sends logging, warnings and progress bars to the
+terminal, not into the report. Figures use the inline backend (an inherited ``MPLBACKEND=Agg``
+would turn every figure into a ``<Figure size ...>`` line).
 """
 
 from __future__ import annotations
@@ -20,15 +28,59 @@ from lmrepro.io import atomic_write_text
 
 log = logging.getLogger(__name__)
 
+#: set to "1" in the kernel's environment by :func:`run_notebook`
+REPORT_ENV = "LMREPRO_REPORT"
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+
 
 def _kernel_env() -> None:
-    """Make the ``python3`` kernel the interpreter running us (the project's environment)."""
+    """Make the ``python3`` kernel the interpreter running us (the project's environment), with
+    the inline figure backend and the report flag."""
     bindir = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     if not path.startswith(bindir + os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + path
-    os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
+    os.environ[REPORT_ENV] = "1"
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+
+
+def _active_profile(params_file: str | Path, profile: str | None) -> str:
+    """The profile a run used: the explicit one, else the ``profile`` key of the file."""
+    if profile:
+        return str(profile)
+    import yaml
+
+    try:
+        raw = yaml.safe_load(Path(params_file).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return "unknown"
+    return str(raw.get("profile", "default")) if isinstance(raw, dict) else "unknown"
+
+
+def report_header(notebook: Path, nb: Any, parameters: dict[str, Any], cwd: Path) -> Any:
+    """The :class:`~lmrepro.pipeline.render.ReportHeader` of an executed notebook."""
+    import nbformat
+
+    from lmrepro.pipeline.provenance import git_info
+    from lmrepro.pipeline.render import Link, ReportHeader, neighbours, notebook_title, utc_now
+
+    def link(path: Path | None) -> Link | None:
+        if path is None:
+            return None
+        title = notebook_title(nbformat.read(path, as_version=4), path.stem)
+        return Link(f"{path.stem}.html", f"{path.stem[:2]} {title}")
+
+    before, after = neighbours(notebook)
+    params_file = str(parameters.get("params_file") or "params.yaml")
+    duration = nb.metadata.get("papermill", {}).get("duration")
+    return ReportHeader(
+        title=notebook_title(nb, notebook.stem),
+        profile=_active_profile(cwd / params_file, parameters.get("profile")),
+        params_file=params_file, git=git_info(cwd), generated_at=utc_now(),
+        duration_s=None if duration is None else float(duration),
+        index=Link("index.html", "index"), previous=link(before), next=link(after),
+        parameters=dict(parameters))
 
 
 def run_notebook(notebook: str | Path, reports_dir: str | Path = "reports",
@@ -37,7 +89,8 @@ def run_notebook(notebook: str | Path, reports_dir: str | Path = "reports",
     """Execute ``notebook`` with ``parameters``; return the path of the rendered HTML."""
     import nbformat
     import papermill
-    from nbconvert import HTMLExporter
+
+    from lmrepro.pipeline.render import render_report
 
     notebook = Path(notebook)
     check(notebook.suffix == ".ipynb" and notebook.exists(), "notebook", str(notebook),
@@ -45,6 +98,7 @@ def run_notebook(notebook: str | Path, reports_dir: str | Path = "reports",
     reports_dir = Path(reports_dir)
     reports_dir.mkdir(parents=True, exist_ok=True)
     _kernel_env()
+    workdir = Path(cwd or Path.cwd())
     executed = reports_dir / notebook.name
     html = executed.with_suffix(".html")
     log.info("executing %s -> %s", notebook, html)
@@ -52,11 +106,11 @@ def run_notebook(notebook: str | Path, reports_dir: str | Path = "reports",
         tmp_nb = Path(tmp) / notebook.name
         papermill.execute_notebook(
             str(notebook), str(tmp_nb), parameters=parameters or {}, kernel_name="python3",
-            cwd=str(cwd or Path.cwd()), progress_bar=False, execution_timeout=timeout_s,
+            cwd=str(workdir), progress_bar=False, execution_timeout=timeout_s,
             log_output=False,
         )
         nb = nbformat.read(tmp_nb, as_version=4)
-        body, _ = HTMLExporter().from_notebook_node(nb)
+        body = render_report(nb, report_header(notebook, nb, parameters or {}, workdir))
         atomic_write_text(executed, nbformat.writes(nb))
         atomic_write_text(html, body)
     return html

@@ -95,7 +95,7 @@ def plot_bootstrap(outcomes: Sequence[ComparisonOutcome], *, ncols: int = 2) -> 
                    label=f"U {r.upper_bound:+.2%}")
         ax.axvline(r.mean_rel_diff * 100, color="gray", linestyle=":",
                    label=f"mean {r.mean_rel_diff:+.2%}")
-        ax.set_title(f"{o.record.label}: {r.verdict} ({r.level} level)", fontsize=9)
+        ax.set_title(f"{o.record.label}\n{r.verdict} ({r.level}-level bound)", fontsize=8.5)
         ax.set_xlabel("mean relative difference (%)")
         ax.legend(fontsize=7)
     for ax in axes[len(with_result):]:

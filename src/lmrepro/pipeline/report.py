@@ -1,26 +1,30 @@
 """The citable, self-contained HTML index of a run's reports, and its provenance record.
 
-:func:`build_index` writes ``reports/index.html`` (one file, inline CSS, no external assets) that
-links every rendered notebook HTML in the reports folder and records what produced them: the git
-commit and dirty flag, ``params.yaml``, the prepared data's checksums (from each corpus's
-``manifest.json``, format ``lmrepro.prepared/1``), the software versions, the machine and the date;
-and a how-to-cite block (BibTeX ``@software`` and a plain citation) built from ``CITATION.cff``.
-The same facts go to ``reports/provenance.json``. Both files are written atomically
-(:mod:`lmrepro.io`).
+:func:`build_index` writes ``reports/index.html`` (one file, inline CSS, the forest plot embedded
+as a ``data:`` URI, no external assets). It opens with **Results at a glance**: one sentence on
+the scale of this run, then one row per claim (the claim, the paper's figure and scale, ours and
+our scale, the verdict and its caveats, from ``results/analysis/claims.csv``) and the forest plot
+of every non-inferiority comparison (``results/analysis/forest.png``). Then the reports (each
+rendered notebook, with how long its stage ran, from papermill's record in the executed
+notebook), how to cite (BibTeX of the software with its repository URL and commit, and of the
+reproduced papers, from ``CITATION.cff``), and the provenance: the git commit and dirty flag, the
+machine (CPU model, cores, memory), the software versions, the sha256 of the result files and of
+the prepared data (each corpus's ``manifest.json``, format ``lmrepro.prepared/1``), and
+``params.yaml`` in a collapsed section. The same facts go to ``reports/provenance.json``. Both
+files are written atomically (:mod:`lmrepro.io`).
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
 import hashlib
 import html
+import json
 import os
-import platform
 import re
-import subprocess
 import urllib.parse
-from collections.abc import Sequence
-from importlib import metadata
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,82 +32,30 @@ import yaml
 
 from lmrepro.data.prepare import FORMAT as MANIFEST_FORMAT
 from lmrepro.errors import ParameterError, check
-from lmrepro.io import atomic_write_json, atomic_write_text, read_json
+from lmrepro.io import atomic_write_json, atomic_write_text, read_json, sha256_file
+from lmrepro.pipeline.provenance import (PACKAGES, git_info, git_remote_url, machine_info,
+                                         package_versions)
 
-PACKAGES = ("lmrepro", "torch", "numpy", "scipy", "pandas", "dvc")
+__all__ = ["PACKAGES", "PROVENANCE", "bibtex_entry", "build_index", "git_info", "machine_info",
+           "package_versions", "plain_citation", "read_citation", "read_manifest",
+           "reference_bibtex", "reference_citations", "render_index", "report_stage",
+           "scale_sentence", "stage_durations"]
+
 PROVENANCE = "provenance.json"
+#: the result files whose sha256 the index records (those that exist), relative to the root
+RESULT_FILES = ("results/params.json", "results/baseline/metrics.json",
+                "results/scape/metrics.json", "results/rgc/metrics.json",
+                "results/analysis/scape/analysis.json", "results/analysis/rgc/analysis.json",
+                "results/analysis/claims.csv", "results/analysis/claims.json",
+                "results/analysis/forest.png")
+CLAIMS_CSV = "results/analysis/claims.csv"
+FOREST_PNG = "results/analysis/forest.png"
+RESOLVED_PARAMS = "results/params.json"
+ANALYSES = ("results/analysis/scape/analysis.json", "results/analysis/rgc/analysis.json")
 
 # --------------------------------------------------------------------------------------------
 # Provenance facts
 # --------------------------------------------------------------------------------------------
-
-
-def _run_git(repo_dir: Path, *args: str) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(["git", "-C", str(repo_dir), *args], capture_output=True,
-                              text=True, timeout=30, check=False)
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return None
-
-
-def git_info(repo_dir: str | os.PathLike) -> dict[str, Any]:
-    """``{"commit", "dirty", "available", "note"}`` of the git checkout at ``repo_dir``.
-
-    The commit comes from ``git rev-parse HEAD``; ``dirty`` is True when tracked files differ from
-    it (``git --no-optional-locks status --porcelain --untracked-files=no``, which takes no lock
-    and writes nothing). Outside a repository, without commits, or without git, ``commit`` and
-    ``dirty`` are None and ``note`` says why.
-    """
-    repo_dir = Path(repo_dir)
-    head = _run_git(repo_dir, "rev-parse", "--verify", "HEAD")
-    if head is None:
-        return {"commit": None, "dirty": None, "available": False,
-                "note": "git is not installed or did not answer"}
-    if head.returncode != 0:
-        inside = _run_git(repo_dir, "rev-parse", "--is-inside-work-tree")
-        in_repo = inside is not None and inside.stdout.strip() == "true"
-        note = ("git repository without commits" if in_repo
-                else f"{repo_dir} is not inside a git repository")
-        return {"commit": None, "dirty": None, "available": False, "note": note}
-    status = _run_git(repo_dir, "--no-optional-locks", "status", "--porcelain",
-                      "--untracked-files=no")
-    dirty = None if status is None or status.returncode != 0 else bool(status.stdout.strip())
-    return {"commit": head.stdout.strip(), "dirty": dirty, "available": True, "note": ""}
-
-
-def package_versions(packages: Sequence[str] = PACKAGES) -> dict[str, str]:
-    """Python and package versions (``importlib.metadata``; ``"not installed"`` if absent)."""
-    out = {"python": platform.python_version()}
-    for name in packages:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
-
-
-def _total_memory_bytes() -> int | None:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:  # psutil missing or unsupported platform: fall back to sysconf
-        try:
-            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-        except (AttributeError, ValueError, OSError):
-            return None
-
-
-def machine_info() -> dict[str, Any]:
-    """Platform, CPU count and total memory of this machine."""
-    mem = _total_memory_bytes()
-    return {
-        "platform": platform.platform(), "machine": platform.machine(),
-        "processor": platform.processor() or platform.machine(),
-        "python_implementation": platform.python_implementation(),
-        "cpu_count": os.cpu_count(), "memory_total_bytes": mem,
-        "memory_total_gib": None if mem is None else round(mem / (1 << 30), 2),
-    }
 
 
 def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -175,11 +127,13 @@ def _year(cff: dict[str, Any]) -> str | None:
     return str(date)[:4]
 
 
-def bibtex_entry(cff: dict[str, Any]) -> str:
-    """A BibTeX ``@software`` entry for the software described by ``cff``."""
+def bibtex_entry(cff: dict[str, Any], *, url: str | None = None,
+                 commit: str | None = None) -> str:
+    """A BibTeX ``@software`` entry for the software described by ``cff``: its repository URL
+    (``url``, else ``repository-code`` / ``url`` of ``cff``) and the ``commit`` it was run at."""
     year = _year(cff)
     first = re.sub(r"[^a-z0-9]", "", str(cff["title"]).split(":")[0].lower()) or "software"
-    url = cff.get("url") or cff.get("repository-code")
+    url = url or cff.get("repository-code") or cff.get("url")
     fields = [
         ("author", " and ".join(_person_bibtex(a) for a in cff["authors"])),
         ("title", "{" + _bibtex_escape(cff["title"]) + "}"),  # braces keep the capitals
@@ -188,9 +142,54 @@ def bibtex_entry(cff: dict[str, Any]) -> str:
         ("license", _bibtex_escape(cff.get("license") or "")),
         ("url", url),
         ("doi", cff.get("doi")),
+        ("note", f"git commit {commit}" if commit else None),
     ]
     body = ",\n".join(f"  {k} = {{{v}}}" for k, v in fields if v)
     return f"@software{{{first}{year or ''},\n{body}\n}}"
+
+
+_UNKNOWN_AUTHORS = re.compile(r"^\s*(unknown|authors of)\b", re.IGNORECASE)
+
+
+def _authors_known(ref: dict[str, Any]) -> bool:
+    """False when the reference names no person and no real entity (e.g. ``name: Authors of
+    the RGC paper``, ``name: unknown``): its authors are unknown to us."""
+    authors = ref.get("authors") or []
+    return bool(authors) and not all("family-names" not in a
+                                     and _UNKNOWN_AUTHORS.match(str(a.get("name", "")))
+                                     for a in authors)
+
+
+def reference_bibtex(ref: dict[str, Any]) -> str:
+    """A BibTeX ``@misc`` entry of a work under ``references:`` of ``CITATION.cff``: authors,
+    title, year, the arXiv identifier as ``eprint``, the URL and the reference's notes. Authors,
+    year or identifier that the file does not know are left out and the note says so (nothing
+    is made up)."""
+    known = _authors_known(ref)
+    first = next((a["family-names"] for a in ref.get("authors") or [] if "family-names" in a),
+                 None) if known else None
+    word = re.sub(r"[^a-z0-9]", "", str(ref.get("title", "")).split()[0].lower()) or "work"
+    year = str(ref["year"]) if ref.get("year") else None
+    key = "".join(re.sub(r"[^a-z0-9]", "", x.lower()) for x in (first or "", year or "")) + word
+    arxiv = next((str(i["value"]).removeprefix("arXiv:") for i in ref.get("identifiers") or []
+                  if str(i.get("value", "")).startswith("arXiv:")), None)
+    missing = [what for what, have in (("authors", known), ("year", year),
+                                       ("identifier", arxiv or ref.get("doi"))) if not have]
+    notes = " ".join(str(ref.get("notes", "")).split())
+    if missing:
+        notes = (f"{', '.join(missing).capitalize()} unknown to the lmrepro authors. "
+                 + notes).strip()
+    fields = [
+        ("author", " and ".join(_person_bibtex(a) for a in ref["authors"]) if known else None),
+        ("title", "{" + _bibtex_escape(ref.get("title", "")) + "}"),
+        ("year", year),
+        ("eprint", arxiv), ("archivePrefix", "arXiv" if arxiv else None),
+        ("doi", ref.get("doi")),
+        ("url", ref.get("url")),
+        ("note", _bibtex_escape(notes) if notes else None),
+    ]
+    body = ",\n".join(f"  {k} = {{{v}}}" for k, v in fields if v)
+    return f"@misc{{{key},\n{body}\n}}"
 
 
 def plain_citation(cff: dict[str, Any]) -> str:
@@ -262,15 +261,27 @@ def list_reports(reports_dir: str | os.PathLike, exclude: Sequence[Path] = ()) -
 # --------------------------------------------------------------------------------------------
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:980px;
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1150px;
 margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}
 h1{font-size:1.6em;border-bottom:2px solid #ddd;padding-bottom:.3em}
-h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #eee}
-table{border-collapse:collapse;margin:.5em 0;font-size:.92em}
-th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top}
+h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #eee}
+h3{font-size:1.05em}
+table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
+th,td{border:1px solid #ddd;padding:.25em .55em;text-align:left;vertical-align:top;
+overflow-wrap:break-word}
 th{background:#f5f5f5}
-code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.88em}
+.lmrepro-table{max-width:100%;overflow-x:auto}
+.lmrepro-table td{max-width:26em}.lmrepro-table td.num{text-align:right;white-space:nowrap}
+td[class*="verdict-"]{min-width:7.5em}
+td.verdict-reproduced{background:#e3f4e6;font-weight:600}
+td.verdict-not-reproduced{background:#fbe4e4;font-weight:600}
+td.verdict-inconclusive{background:#fff4d6;font-weight:600}
+td.verdict-not-run{color:#777}
+code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.86em}
 pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:.7em;overflow-x:auto}
+details{margin:.6em 0}summary{cursor:pointer;font-weight:600}
+img.figure{max-width:100%;height:auto;border:1px solid #eee}
+.scale{font-size:1.02em;background:#f6f8fa;border-left:4px solid #8aa;padding:.5em .8em}
 .dirty{color:#b00020;font-weight:bold}.clean{color:#1b7f3b}
 .muted{color:#666}
 """.strip()
@@ -300,74 +311,227 @@ def _git_html(git: dict[str, Any]) -> str:
             f"<span class=\"{state[0]}\">({_e(state[1])})</span></p>")
 
 
-def render_index(prov: dict[str, Any], links: Sequence[tuple[str, str]]) -> str:
-    """The index page for provenance ``prov`` and ``(href, title)`` links (pure function)."""
-    reports = ("<ul>" + "".join(f"<li><a href=\"{_e(href)}\">{_e(title)}</a> "
-                                f"<span class=\"muted\">({_e(urllib.parse.unquote(href))})"
-                                f"</span></li>" for href, title in links) + "</ul>"
-               if links else "<p class=\"muted\">No rendered reports found.</p>")
+# --------------------------------------------------------------------------------------------
+# Results at a glance
+# --------------------------------------------------------------------------------------------
+
+GLANCE_COLUMNS = ["claim", "paper_figure", "paper_scale", "measured", "our_scale", "verdict",
+                  "caveats"]
+
+
+def stage_durations(reports: Sequence[Path]) -> dict[str, float | None]:
+    """Seconds each report's notebook ran, from papermill's ``metadata.papermill.duration`` in
+    the executed notebook beside it (``NN_name.ipynb``); None when there is none."""
+    out: dict[str, float | None] = {}
+    for report in reports:
+        executed = report.with_suffix(".ipynb")
+        duration = None
+        if executed.is_file():
+            try:
+                meta = json.loads(executed.read_text(encoding="utf-8")).get("metadata", {})
+                raw = (meta.get("papermill") or {}).get("duration")
+                duration = None if raw is None else float(raw)
+            except (ValueError, TypeError):
+                duration = None
+        out[report.name] = duration
+    return out
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    s = int(round(seconds))
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
+def scale_sentence(params: Mapping[str, Any] | None, machine: Mapping[str, Any],
+                   n_params: Mapping[str, int] | None = None) -> str:
+    """One sentence on the scale of this run: profile, seeds, corpora, each suite's model, steps
+    and compute, and the machine (pure: from the resolved parameters and the machine facts;
+    ``n_params``: the largest parameter count per stage, from the analyses)."""
+    where = (f"{machine.get('usable_cores') or machine.get('cpu_count')} cores of an "
+             f"{machine.get('cpu_model') or machine.get('processor') or 'unknown CPU'}")
+    if not params:
+        return f"No resolved parameters were found (results/params.json); machine: {where}."
+    n_params = n_params or {}
+    seeds = params.get("seeds") or []
+    model = params.get("model") or {}
+    parts = []
+
+    def count(stage: str) -> str:
+        n = n_params.get(stage)
+        return f", {n / 1e6:.2f}M parameters" if n else ""
+
+    scape = params.get("scape") or {}
+    if scape:
+        m = scape.get("model") or model
+        parts.append(f"SCAPE suite: {len(scape.get('runs') or [])} runs of a "
+                     f"{m.get('n_layers')}-layer, d={m.get('d_model')} model{count('scape')}, "
+                     f"{scape.get('steps')} steps, {scape.get('world_size')} workers, on "
+                     f"{scape.get('corpus')}")
+    rgc = params.get("rgc") or {}
+    if rgc:
+        parts.append(f"RGC suite: {rgc.get('n_layers')} layers x d={rgc.get('d_model')} in "
+                     f"{rgc.get('n_stages')} stages{count('rgc')}, {rgc.get('steps')} steps, "
+                     f"executors {', '.join(rgc.get('executors') or [])}, on "
+                     f"{', '.join(rgc.get('corpora') or [])}")
+    train = params.get("train") or {}
+    if train:
+        parts.append(f"baseline: {model.get('n_layers')} layers x d={model.get('d_model')}, "
+                     f"{train.get('steps')} steps")
+    n = len(seeds)
+    return (f"This run (profile {params.get('profile', '?')!r}, {n} training seed"
+            f"{'s' * (n != 1)} {', '.join(str(x) for x in seeds)}) is small next to the papers': "
+            + "; ".join(parts) + f"; on {where}.")
+
+
+def _glance_html(claims: Any, forest_png: bytes | None) -> str:
+    from lmrepro.pipeline.tables import table_html
+
+    if claims is None:
+        table = ("<p class=\"muted\">No claims yet: results/analysis/claims.csv is made by the "
+                 "claims stage (<code>dvc repro</code>).</p>")
+    else:
+        table = table_html(claims, GLANCE_COLUMNS, caption="One row per claim and setting")
+        from lmrepro.pipeline.claims import VERDICTS
+
+        counts = claims["verdict"].value_counts().to_dict()
+        table += ("<p>Verdicts: " + ", ".join(f"{_e(v)} {counts.get(v, 0)}" for v in VERDICTS)
+                  + ".</p>")
+    figure = ""
+    if forest_png:
+        data = base64.b64encode(forest_png).decode("ascii")
+        figure = ("<h3>Every non-inferiority comparison</h3><p>Mean relative difference in eval "
+                  "loss (dot) and the one-sided upper bound U the verdict uses (bar end), "
+                  "against the margin (red line): a comparison is non-inferior when U is left "
+                  "of the margin.</p>"
+                  f"<img class=\"figure\" alt=\"forest plot of the non-inferiority comparisons\" "
+                  f"src=\"data:image/png;base64,{data}\">")
+    return table + figure
+
+
+def render_index(prov: dict[str, Any], claims: Any = None, forest_png: bytes | None = None
+                 ) -> str:
+    """The index page for provenance ``prov`` (with its ``reports`` links), the claims table
+    ``claims`` (a DataFrame of :data:`lmrepro.pipeline.claims.CLAIM_COLUMNS`, or None) and the
+    forest plot's PNG bytes (pure function)."""
+    links = prov["reports"]
+    reports = ("<ul>" + "".join(
+        f"<li><a href=\"{_e(r['href'])}\">{_e(r['title'])}</a> "
+        f"<span class=\"muted\">({_e(r['file'])}; stage ran {_e(_duration(r['duration_s']))})"
+        f"</span></li>" for r in links) + "</ul>"
+        if links else "<p class=\"muted\">No rendered reports found.</p>")
     data_rows = [(r["corpus"], r["split"], r["file"], r["sha256"], r["bytes"], r["manifest"])
                  for r in prov["data"]]
     data = (_table(["corpus", "split", "file", "sha256", "bytes", "manifest"], data_rows)
             if data_rows else "<p class=\"muted\">No data manifests given.</p>")
+    results = (_table(["file", "sha256", "bytes"],
+                      [(r["file"], r["sha256"], r["bytes"]) for r in prov["results"]])
+               if prov["results"] else "<p class=\"muted\">No result files found.</p>")
     machine = prov["machine"]
     cite = prov["citation"]
     refs = "".join(f"<li>{_e(r)}</li>" for r in cite["references"])
+    ref_bib = "\n\n".join(cite["references_bibtex"])
     short = " ".join(x for x in (cite["title"].split(":")[0].strip(), cite.get("version")) if x)
+    url_note = ("" if cite.get("url") else "<p class=\"muted\">The repository URL is not "
+                "recorded: set <code>repository-code</code> in CITATION.cff (or a git remote "
+                "<code>origin</code>).</p>")
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{_e(short)}: reports</title>
+<title>{_e(short)}: results and reports</title>
 <style>{_CSS}</style>
 </head>
 <body>
-<h1>{_e(short)}: reports</h1>
+<h1>{_e(short)}: results and reports</h1>
 <p>{_e(cite['title'])}</p>
 <p class="muted">Generated {_e(prov['generated_at'])}. Machine-readable copy:
 <a href="{PROVENANCE}">{PROVENANCE}</a>.</p>
+<h2>Results at a glance</h2>
+<p class="scale">{_e(prov['scale'])}</p>
+{_glance_html(claims, forest_png)}
 <h2>Reports</h2>
 {reports}
-<h2>Provenance</h2>
-{_git_html(prov['git'])}
-<h3>Parameters (<code>{_e(prov['params']['path'])}</code>, sha256
-<code>{_e(prov['params']['sha256'])}</code>)</h3>
-<pre>{_e(prov['params']['text'])}</pre>
-<h3>Data checksums</h3>
-{data}
-<h3>Software</h3>
-{_kv_table(list(prov['versions'].items()))}
-<h3>Machine</h3>
-{_kv_table([('platform', machine['platform']), ('machine', machine['machine']),
-            ('processor', machine['processor']), ('CPU count', machine['cpu_count']),
-            ('total memory (GiB)', machine['memory_total_gib'])])}
 <h2>How to cite</h2>
 <p>{_e(cite['plain'])}</p>
 <pre>{_e(cite['bibtex'])}</pre>
+{url_note}
 <p>Please also cite the reproduced works:</p>
 <ul>{refs}</ul>
+<pre>{_e(ref_bib)}</pre>
+<h2>Provenance</h2>
+{_git_html(prov['git'])}
+<h3>Machine</h3>
+{_kv_table([('CPU model', machine.get('cpu_model')), ('CPU count', machine['cpu_count']),
+            ('usable cores', machine.get('usable_cores')), ('platform', machine['platform']),
+            ('machine', machine['machine']),
+            ('total memory (GiB)', machine['memory_total_gib'])])}
+<h3>Software</h3>
+{_kv_table(list(prov['versions'].items()))}
+<h3>Result files (sha256)</h3>
+{results}
+<h3>Data checksums</h3>
+{data}
+<details><summary>Parameters: <code>{_e(prov['params']['path'])}</code>, sha256
+<code>{_e(prov['params']['sha256'])}</code></summary>
+<pre>{_e(prov['params']['text'])}</pre>
+</details>
 </body>
 </html>
 """
+
+
+def _read_claims(path: Path | None) -> Any:
+    if path is None or not path.is_file():
+        return None
+    import pandas as pd
+
+    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+
+
+def _analysis_n_params(paths: Sequence[Path]) -> dict[str, int]:
+    out = {}
+    for path in paths:
+        if path.is_file():
+            try:
+                data = read_json(path)
+                out[str(data.get("stage"))] = max(int(r.get("n_params") or 0)
+                                                  for r in data.get("runs") or [{}])
+            except (ValueError, TypeError, AttributeError):
+                continue
+    return out
 
 
 def build_index(reports_dir: str | os.PathLike, params_path: str | os.PathLike,
                 manifests: Sequence[str | os.PathLike], citation_path: str | os.PathLike,
                 out: str | os.PathLike = "reports/index.html", *,
                 repo_dir: str | os.PathLike | None = None,
-                now: _dt.datetime | None = None) -> Path:
+                now: _dt.datetime | None = None,
+                claims_csv: str | os.PathLike | None = None,
+                forest_png: str | os.PathLike | None = None,
+                resolved_params: str | os.PathLike | None = None,
+                result_files: Sequence[str | os.PathLike] = (),
+                analyses: Sequence[str | os.PathLike] = ()) -> Path:
     """Write the self-contained report index ``out`` and ``provenance.json`` beside it.
 
     Args:
         reports_dir: folder of rendered notebook HTML files (each linked, sorted by file name,
-            titled by its first ``<h1>`` / ``<title>``; ``out`` itself is skipped).
-        params_path: the run's ``params.yaml`` (shown verbatim and parsed into provenance.json).
+            titled by its first ``<h1>`` / ``<title>``, with its stage's wall time; ``out``
+            itself is skipped).
+        params_path: the run's ``params.yaml`` (shown verbatim, collapsed, and parsed into
+            provenance.json).
         manifests: prepared-data ``manifest.json`` files (per-split sha256 and bytes).
         citation_path: ``CITATION.cff`` (parsed with YAML for the how-to-cite block).
         out: the index file to write.
-        repo_dir: where to ask git for the commit (default: the current directory).
+        repo_dir: where to ask git for the commit and remote (default: the current directory).
         now: the timestamp to record (default: the current UTC time).
+        claims_csv: the claims stage's table (Results at a glance; absent: a note says so).
+        forest_png: the forest plot of the comparisons (embedded as a ``data:`` URI).
+        resolved_params: ``results/params.json`` (the scale sentence).
+        result_files: files whose sha256 is recorded (those that exist).
+        analyses: the stages' ``analysis.json`` (parameter counts for the scale sentence).
 
     Returns:
         The path of the written index.
@@ -385,26 +549,46 @@ def build_index(reports_dir: str | os.PathLike, params_path: str | os.PathLike,
                              f"must be valid YAML ({exc})") from exc
     cff = read_citation(citation_path)
     data_rows = [row for m in manifests for row in read_manifest(m)]
+    claims = _read_claims(Path(claims_csv) if claims_csv else None)
+    forest = Path(forest_png).read_bytes() if forest_png and Path(forest_png).is_file() else None
+    resolved = (read_json(resolved_params) if resolved_params and Path(resolved_params).is_file()
+                else None)
+    repo = Path(repo_dir) if repo_dir is not None else Path.cwd()
+    git = git_info(repo)
+    url = cff.get("repository-code") or cff.get("url") or git_remote_url(repo)
     reports = list_reports(reports_dir, exclude=[out])
+    durations = stage_durations(reports)
     out_dir = out.parent if str(out.parent) else Path(".")
-    links = [(urllib.parse.quote(os.path.relpath(p, out_dir).replace(os.sep, "/")),
-              report_title(p)) for p in reports]
+    machine = machine_info()
     stamp = (now or _dt.datetime.now(_dt.UTC)).isoformat(timespec="seconds")
+    commit = None if not git["commit"] else git["commit"] + (" (dirty)" if git["dirty"] else "")
     prov = {
         "generated_at": stamp,
-        "git": git_info(repo_dir if repo_dir is not None else Path.cwd()),
+        "git": git,
         "params": {"path": str(params_path), "sha256": _sha256_text(params_text),
                    "text": params_text, "content": params},
+        "resolved_params": resolved,
+        "scale": scale_sentence(resolved, machine,
+                                _analysis_n_params([Path(a) for a in analyses])),
         "data": data_rows,
+        "results": [{"file": str(f), "sha256": sha256_file(f), "bytes": Path(f).stat().st_size}
+                    for f in result_files if Path(f).is_file()],
         "versions": package_versions(),
-        "machine": machine_info(),
-        "reports": [{"file": urllib.parse.unquote(h), "title": t} for h, t in links],
-        "citation": {"title": str(cff["title"]), "version": cff.get("version"),
-                     "bibtex": bibtex_entry(cff), "plain": plain_citation(cff),
-                     "references": reference_citations(cff)},
+        "machine": machine,
+        "reports": [{"href": urllib.parse.quote(os.path.relpath(p, out_dir).replace(os.sep, "/")),
+                     "file": os.path.relpath(p, out_dir).replace(os.sep, "/"),
+                     "title": report_title(p), "duration_s": durations[p.name]}
+                    for p in reports],
+        "claims": None if claims is None else json.loads(claims.to_json(orient="records")),
+        "citation": {"title": str(cff["title"]), "version": cff.get("version"), "url": url,
+                     "bibtex": bibtex_entry(cff, url=url, commit=commit),
+                     "plain": plain_citation(cff),
+                     "references": reference_citations(cff),
+                     "references_bibtex": [reference_bibtex(r)
+                                           for r in cff.get("references") or []]},
     }
     atomic_write_json(out_dir / PROVENANCE, _jsonable(prov))
-    atomic_write_text(out, render_index(prov, links))
+    atomic_write_text(out, render_index(prov, claims, forest))
     return out
 
 
@@ -421,12 +605,15 @@ def _jsonable(obj: Any) -> Any:
 
 def report_stage(params_file: str | Path = "params.yaml", reports_dir: str | Path = "reports",
                  profile: str | None = None) -> Path:
-    """The ``report`` stage: ``reports/index.html`` over every rendered notebook, with the
-    provenance of the active profile's prepared data and how to cite."""
+    """The ``report`` stage: ``reports/index.html`` with the results at a glance, every rendered
+    notebook, the provenance of the active profile's prepared data and results, and how to
+    cite."""
     from lmrepro.pipeline.params import load_params
 
     params = load_params(params_file, profile)
     manifests = [Path(params.data.prepared_dir) / name / "manifest.json"
                  for name in params.data.use]
     return build_index(reports_dir, params_file, manifests, "CITATION.cff",
-                       out=Path(reports_dir) / "index.html")
+                       out=Path(reports_dir) / "index.html", claims_csv=CLAIMS_CSV,
+                       forest_png=FOREST_PNG, resolved_params=RESOLVED_PARAMS,
+                       result_files=RESULT_FILES, analyses=ANALYSES)

@@ -35,8 +35,7 @@ def memory(records: AnalysisRecords) -> list[Measured]:
         x = math.nan if r.memory_ratio is None else r.memory_ratio
         out.append(Measured(r.corpus, f"{r.candidate_peak_rss_bytes / GIB:.3f} vs "
                             f"{r.baseline_peak_rss_bytes / GIB:.3f} GiB ({x:.2f}x)",
-                            x, x > 1.0, comparison_scale(records, r.candidate_runs),
-                            tuple(c for c in r.caveats if c.startswith("oversubscribed"))))
+                            x, x > 1.0, comparison_scale(records, r.candidate_runs)))
     return out
 
 

@@ -1,0 +1,255 @@
+"""The one way a table is shown: units in the headers, three significant figures, percentages for
+relative differences, no index column, text that wraps to fit the page.
+
+Every table of the reports goes through :func:`format_table` (what the cells say) and then
+:func:`table_html` (the reports, :func:`show` in a notebook) or :func:`table_markdown` (the
+README's "Results"). A column is formatted by its name (:data:`COLUMNS`): e.g.
+``mean_step_time_s`` becomes "mean step time (ms)" with ``15.6``, ``mean_rel_diff`` becomes
+"mean rel. diff. (%)" with ``+0.841``, ``peak_rss_bytes`` becomes "peak RSS (GiB)". The CSV files
+under ``results/`` keep the raw numbers; only what a reader sees is formatted.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+import pandas as pd
+
+MISSING = "–"   # an empty cell: a number that does not exist (e.g. the seed-level bound of 1 seed)
+
+
+def sig3(x: Any) -> str:
+    """``x`` to three significant figures, thousands separated (``8,220``, ``0.0156``, ``1.00``);
+    scientific below 0.001; a missing or non-finite number is :data:`MISSING`."""
+    if x is None or isinstance(x, bool):
+        return MISSING if x is None else str(x)
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if not math.isfinite(v):
+        return MISSING
+    if v == 0.0:
+        return "0"
+    if abs(v) < 1e-3:
+        return f"{v:.2e}"
+    digits = 2 - math.floor(math.log10(abs(v)))
+    rounded = round(v, digits)
+    if rounded != 0.0 and math.floor(math.log10(abs(rounded))) != math.floor(math.log10(abs(v))):
+        digits -= 1          # 9.996 rounds to 10.0: keep three figures, not four
+        rounded = round(v, digits)
+    return f"{rounded:,.{max(0, digits)}f}"
+
+
+def signed(text: str) -> str:
+    """A leading ``+`` on a positive formatted number (relative differences read both ways)."""
+    return text if text.startswith(("-", MISSING)) or text == "0" else "+" + text
+
+
+def integer(x: Any) -> str:
+    """A count, thousands separated."""
+    if x is None or (isinstance(x, Real) and not math.isfinite(float(x))):
+        return MISSING
+    if isinstance(x, (Integral, float)) and float(x).is_integer():
+        return f"{int(x):,}"
+    return str(x)
+
+
+def text(x: Any) -> str:
+    """Text as is; a missing value is empty."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return str(x)
+
+
+@dataclass(frozen=True)
+class Column:
+    """How a named column is shown: its header (with the unit) and its cell formatter."""
+
+    header: str
+    format: Callable[[Any], str]
+    numeric: bool = True
+
+
+def _scaled(factor: float, sign: bool = False) -> Callable[[Any], str]:
+    def fmt(x: Any) -> str:
+        if x is None or isinstance(x, str):
+            return MISSING if x is None else x
+        out = sig3(float(x) * factor)
+        return signed(out) if sign else out
+    return fmt
+
+
+PERCENT = _scaled(100.0)
+SIGNED_PERCENT = _scaled(100.0, sign=True)
+MS = _scaled(1e3)
+GIB = _scaled(1.0 / (1 << 30))
+KB = _scaled(1e-3)
+MILLIONS = _scaled(1e-6)
+
+#: every column the reports show, by its name in the analysis's frames
+COLUMNS: dict[str, Column] = {
+    # runs
+    "run": Column("run", text, False),
+    "method": Column("method", text, False),
+    "corpus": Column("corpus", text, False),
+    "split": Column("split", text, False),
+    "seed": Column("seed", integer),
+    "seeds": Column("seeds", integer),
+    "workers": Column("compute", text, False),
+    "world_size": Column("workers", integer),
+    "steps": Column("steps", integer),
+    "tokens": Column("tokens", integer),
+    "bytes": Column("bytes", integer),
+    "n_params": Column("parameters (M)", MILLIONS),
+    "final_bpb": Column("final eval (bits/byte)", sig3),
+    "tokens_per_s": Column("throughput (tokens/s)", sig3),
+    "mean_step_time_s": Column("mean step time (ms)", MS),
+    "step_time_std_s": Column("step time s.d. (ms)", MS),
+    "speedup": Column("per-step speed-up (x)", sig3),
+    "throughput_ratio": Column("throughput ratio (x)", sig3),
+    "wall_ratio": Column("wall-clock ratio (x)", sig3),
+    "peak_rss_bytes": Column("peak RSS (GiB)", GIB),
+    "peak_pss_bytes": Column("peak PSS (GiB)", GIB),
+    "peak_uss_bytes": Column("peak USS (GiB)", GIB),
+    "ratio_vs_baseline": Column("peak RSS ratio (x)", sig3),
+    "memory_ratio": Column("peak RSS ratio (x)", sig3),
+    "baseline": Column("baseline", text, False),
+    "candidate": Column("candidate", text, False),
+    # communication
+    "sparsity": Column("sparsity (%)", PERCENT),
+    "grad_values": Column("gradient values (kB/step)", KB),
+    "param_values": Column("parameter values (kB/step)", KB),
+    "mask": Column("mask (kB/step)", KB),
+    "total": Column("total (kB/step)", KB),
+    "ratio_vs_dense": Column("bytes vs dense (%)", PERCENT),
+    "dense": Column("dense run", text, False),
+    # non-inferiority
+    "comparison": Column("comparison", text, False),
+    "pairs": Column("pairs (seed, batch)", integer),
+    "mean_rel_diff": Column("mean rel. diff. (%)", SIGNED_PERCENT),
+    "batch_upper_bound": Column("U, batch level (%)", SIGNED_PERCENT),
+    "seed_upper_bound": Column("U, seed level (%)", SIGNED_PERCENT),
+    "upper_bound": Column("U of the verdict (%)", SIGNED_PERCENT),
+    "margin": Column("margin (%)", PERCENT),
+    "level": Column("verdict from", text, False),
+    "verdict": Column("verdict", text, False),
+    "caveats": Column("caveats", text, False),
+    "note": Column("note", text, False),
+    # timing
+    "candidate_step_time_s": Column("candidate step (ms)", MS),
+    "candidate_step_time_spread_s": Column("candidate spread (ms)", MS),
+    "baseline_step_time_s": Column("baseline step (ms)", MS),
+    "baseline_step_time_spread_s": Column("baseline spread (ms)", MS),
+    "relative_spread": Column("relative spread (%)", PERCENT),
+    "timing": Column("timing", text, False),
+    # claims
+    "id": Column("id", text, False),
+    "paper": Column("paper", text, False),
+    "claim": Column("claim", text, False),
+    "paper_figure": Column("paper's figure", text, False),
+    "paper_scale": Column("paper's scale", text, False),
+    "measured": Column("ours", text, False),
+    "our_scale": Column("our scale", text, False),
+    "rule": Column("rule", text, False),
+}
+
+
+#: the columns a report shows of each of the analysis's tables (the CSV files keep them all)
+PRESETS: dict[str, list[str]] = {
+    "runs": ["run", "seed", "steps", "final_bpb", "tokens_per_s", "mean_step_time_s",
+             "step_time_std_s", "peak_rss_bytes", "n_params"],
+    "throughput": ["run", "seed", "workers", "steps", "tokens_per_s", "mean_step_time_s",
+                   "step_time_std_s", "speedup", "throughput_ratio", "baseline"],
+    "memory": ["run", "seed", "peak_rss_bytes", "ratio_vs_baseline", "baseline"],
+    "communication": ["run", "seed", "sparsity", "world_size", "grad_values", "param_values",
+                      "mask", "total", "ratio_vs_dense"],
+    "noninferiority": ["comparison", "seeds", "pairs", "mean_rel_diff", "batch_upper_bound",
+                       "seed_upper_bound", "level", "margin", "verdict", "caveats"],
+    "timing": ["comparison", "seeds", "candidate_step_time_s", "candidate_step_time_spread_s",
+               "baseline_step_time_s", "baseline_step_time_spread_s", "speedup",
+               "throughput_ratio", "relative_spread", "timing", "memory_ratio", "caveats"],
+    "claims": ["claim", "paper_figure", "paper_scale", "measured", "our_scale", "verdict",
+               "caveats", "rule"],
+}
+
+
+def column(name: str) -> Column:
+    """The :class:`Column` of ``name`` (an unknown one: its name in words, three significant
+    figures for numbers)."""
+    if name in COLUMNS:
+        return COLUMNS[name]
+    return Column(name.replace("_", " "), lambda x: sig3(x) if isinstance(x, Real) else text(x),
+                  True)
+
+
+Columns = Sequence[str] | str | None
+
+
+def format_table(df: pd.DataFrame, columns: Columns = None) -> pd.DataFrame:
+    """``df`` (or its ``columns``, in that order; a string names a :data:`PRESETS` entry) as
+    strings under headers with units; the index is dropped. Missing columns are an error naming
+    them."""
+    if isinstance(columns, str):
+        if columns not in PRESETS:
+            raise KeyError(f"no preset {columns!r}: one of {sorted(PRESETS)}")
+        columns = PRESETS[columns]
+    names = list(df.columns if columns is None else columns)
+    missing = [c for c in names if c not in df.columns]
+    if missing:
+        raise KeyError(f"columns {missing} are not in the table (it has {list(df.columns)})")
+    out = pd.DataFrame({column(c).header: [column(c).format(v) for v in df[c]] for c in names})
+    out.attrs["numeric"] = [column(c).numeric for c in names]
+    out.attrs["names"] = names
+    return out
+
+
+def table_html(df: pd.DataFrame, columns: Columns = None, *,
+               caption: str = "") -> str:
+    """An HTML table of :func:`format_table` (escaped; numbers right-aligned; class
+    ``lmrepro-table``, styled by the reports to wrap and fit the page; a ``verdict`` cell also
+    gets the class ``verdict-<verdict>``, e.g. ``verdict-not-reproduced``)."""
+    shown = format_table(df, columns)
+
+    def cls(name: str, numeric: bool, value: str) -> str:
+        out = "num" if numeric else "txt"
+        if name == "verdict" and value:
+            out += " verdict-" + "-".join(value.lower().split())
+        return out
+
+    kinds = list(zip(shown.attrs["names"], shown.attrs["numeric"], strict=True))
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in shown.columns)
+    rows = "".join(
+        "<tr>" + "".join(f"<td class=\"{cls(name, n, v)}\">{html.escape(v)}</td>"
+                         for v, (name, n) in zip(row, kinds, strict=True)) + "</tr>"
+        for row in shown.itertuples(index=False))
+    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    return (f"<div class=\"lmrepro-table\"><table>{cap}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>")
+
+
+def table_markdown(df: pd.DataFrame, columns: Columns = None) -> str:
+    """A GitHub-flavoured Markdown table of :func:`format_table` (``|`` in cells escaped)."""
+    shown = format_table(df, columns)
+
+    def cell(v: str) -> str:
+        return v.replace("|", "\\|").replace("\n", " ")
+
+    numeric = shown.attrs["numeric"]
+    lines = ["| " + " | ".join(cell(h) for h in shown.columns) + " |",
+             "| " + " | ".join("---:" if n else "---" for n in numeric) + " |"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |"
+              for row in shown.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def show(df: pd.DataFrame, columns: Columns = None, *, caption: str = "") -> None:
+    """Display :func:`table_html` in a notebook."""
+    from IPython.display import HTML, display
+
+    display(HTML(table_html(df, columns, caption=caption)))
