@@ -393,10 +393,8 @@ def _glance_html(claims: Any, forest_png: bytes | None) -> str:
                  "claims stage (<code>dvc repro</code>).</p>")
     else:
         table = table_html(claims, GLANCE_COLUMNS, caption="One row per claim and setting")
-        from lmrepro.pipeline.claims import VERDICTS
-
-        counts = claims["verdict"].value_counts().to_dict()
-        table += ("<p>Verdicts: " + ", ".join(f"{_e(v)} {counts.get(v, 0)}" for v in VERDICTS)
+        counts = claims["verdict"].value_counts().to_dict()   # most frequent first
+        table += ("<p>Verdicts: " + ", ".join(f"{_e(k)} {n}" for k, n in counts.items())
                   + ".</p>")
     figure = ""
     if forest_png:
