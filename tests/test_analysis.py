@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,57 +17,19 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
+from _runs import GIB, N_EVAL, base_losses, make_run
+
 import lmrepro.stats
 from lmrepro.errors import ParameterError
-from lmrepro.io import append_jsonl, read_json
+from lmrepro.io import read_json
 from lmrepro.pipeline import analysis as A
 from lmrepro.pipeline import claims as C
 from lmrepro.pipeline import plots as P
-from lmrepro.results import Method, mean_bytes, write_eval_losses, write_summary
+from lmrepro.results import Method
 from lmrepro.stats import StatsConfig, noninferiority
 
 N_RES = 2000
 STATS = StatsConfig(n_resamples=N_RES)
-GIB = 1 << 30
-N_EVAL = 60
-
-
-def base_losses(seed: int = 0, n: int = N_EVAL) -> np.ndarray:
-    return np.random.default_rng(100 + seed).uniform(1.2, 1.8, n)
-
-
-def make_run(root: Path, name: str, method: str, *, corpus: str = "shakespeare",
-             losses: Any = None, rel: float = 0.0, noise: float = 0.002, seed: int = 0,
-             step_time: float = 1.0, tps: float = 1000.0, peak_gib: float = 1.0,
-             bytes_per_step: dict | None = None, metrics_bytes: dict | None = None,
-             steps: int = 10, processes: int = 1, threads: int = 1,
-             step_spread: float | None = 0.1, **extra: Any) -> Path:
-    """Write a valid summary.json (:class:`lmrepro.results.RunSummary`), eval_losses.json and
-    metrics.jsonl for one run; ``step_spread`` is the per-step standard deviation as a fraction
-    of the step time."""
-    run_dir = root / name
-    run_dir.mkdir(parents=True)
-    if losses is None:
-        b = base_losses(seed)
-        noise_rng = np.random.default_rng([zlib.crc32(name.encode()), seed])
-        losses = b * (1.0 + rel + noise_rng.normal(0.0, noise, b.size))
-    write_eval_losses(run_dir, list(losses), batch_size=8, context=64)
-    # RunSummary refuses non-finite numbers: a diverged eval batch shows in eval_losses.json only
-    summary = {"name": name, "method": method, "corpus": corpus, "steps": steps,
-               "tokens": steps * 512, "final_bpb": float(np.nanmean(losses)) / math.log(2),
-               "tokens_per_s": tps, "mean_step_time_s": step_time,
-               "train_time_s": steps * step_time, "peak_rss_bytes": int(peak_gib * GIB),
-               "seed": seed, "n_params": 0, "processes": processes, "threads": threads,
-               "step_time_std_s": None if step_spread is None else step_spread * step_time,
-               **extra}
-    records = [{"step": step, "loss": 3.0 - 0.1 * step, "lr": 1e-3, "step_time_s": step_time,
-                **{f"bytes_{k}": v * (step + 1) for k, v in (metrics_bytes or {}).items()}}
-               for step in range(steps)]
-    for rec in records + [{"step": steps, "eval_bpb": 2.5}]:
-        append_jsonl(run_dir / "metrics.jsonl", rec)
-    # as the trainers summarise them: given, or the mean over the metrics records
-    write_summary(run_dir, {**summary, "bytes_per_step": bytes_per_step or mean_bytes(records)})
-    return run_dir
 
 
 def test_throughput_speedup_and_ratio(tmp_path: Path) -> None:

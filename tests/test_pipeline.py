@@ -80,15 +80,34 @@ def test_dvc_repro_runs_the_pipeline_and_a_second_repro_does_nothing(tmp_path):
         # while the notebook sources in the repository stay without outputs
         source = json.loads(nb.read_text())
         assert all(not c.get("outputs") for c in source["cells"] if c["cell_type"] == "code")
+        # every figure cell drew an image, and the report embeds it; no log or progress noise;
+        # a real title
+        figures = [c for c in executed["cells"] if "figure" in c["metadata"].get("tags", [])]
+        assert all(any("image/png" in o.get("data", {}) for o in c["outputs"]) for c in figures)
+        page = html.read_text()
+        assert page.count('src="data:image/png;base64,') >= len(figures), nb.name
+        assert "<title>Notebook</title>" not in page and 'href="index.html"' in page
+        for noise in ("it/s]", " INFO ", "TqdmWarning", "&lt;Figure size"):
+            assert noise not in page, (nb.name, noise)
     index = (proj / "reports" / "index.html").read_text()
     assert all(f"{nb.stem}.html" in index for nb in (ROOT / "notebooks").glob("*.ipynb"))
+    assert "Results at a glance" in index and index.count('src="data:image/png') == 1
+    claims = (proj / "results" / "analysis" / "claims.csv").read_text()
+    # one row per claim (and setting), each with its verdict
+    n_rows = len(json.loads((proj / "reports" / "provenance.json").read_text())["claims"])
+    assert n_rows >= 11 and index.count('<td class="txt verdict-') == n_rows
+    # every training suite ran once per seed of the profile (seeds 0 and 1)
     baseline = json.loads((proj / "results" / "baseline" / "metrics.json").read_text())
-    assert baseline["shakespeare/backprop"]["final_bpb"] < 8.0
+    assert sorted(baseline) == ["shakespeare/seed0/backprop", "shakespeare/seed1/backprop"]
+    assert all(m["final_bpb"] < 8.0 for m in baseline.values())
+    scape = json.loads((proj / "results" / "scape" / "metrics.json").read_text())
+    assert {k.split("/")[1] for k in scape} == {"seed0", "seed1"}
     ni = json.loads((proj / "results" / "analysis" / "scape" / "noninferiority.json").read_text())
-    assert any("scape" in k for k in ni)
+    assert any("scape" in k for k in ni) and all(v["seeds"] == 2 for v in ni.values())
+    assert "2 training seeds" in claims
     metrics = run([dvc, "metrics", "show", "--json"], proj)
     assert metrics.returncode == 0 and "final_bpb" in metrics.stdout
-    assert "upper_bound" in metrics.stdout and "reproduced_yes" in metrics.stdout
+    assert "upper_bound" in metrics.stdout and "not_reproduced" in metrics.stdout
     plots = run([dvc, "plots", "show", "--json"], proj)
     assert plots.returncode == 0 and "loss_curve.csv" in plots.stdout, plots.stderr[-2000:]
     exps = run([dvc, "exp", "show", "--json"], proj)
@@ -100,3 +119,29 @@ def test_dvc_repro_runs_the_pipeline_and_a_second_repro_does_nothing(tmp_path):
     assert (proj / "dvc.lock").read_text() == lock
     status = run([dvc, "status"], proj)
     assert "up to date" in status.stdout.lower(), status.stdout
+
+
+def test_running_a_training_stage_again_reads_the_finished_runs(tmp_path):
+    """Re-running a notebook's training cell (or the stage) trains nothing that is finished."""
+    from lmrepro.baseline.stage import run_suite
+    from lmrepro.data.stage import prepare_all
+    from lmrepro.pipeline.params import load_params
+
+    proj = copy_project(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(proj)
+    try:
+        params = load_params("params.yaml")
+        prepare_all(params.data)
+        first = run_suite(params.train, params.model, params.seeds, params.data.prepared_dir,
+                          progress=False)
+        summary = proj / "results" / "baseline" / "runs" / "shakespeare" / "seed1" / "backprop"
+        stamp = [(p.name, p.stat().st_mtime_ns) for p in sorted(summary.iterdir()) if p.is_file()]
+        again = run_suite(params.train, params.model, params.seeds, params.data.prepared_dir,
+                          progress=False)
+    finally:
+        os.chdir(cwd)
+    assert sorted(first) == ["shakespeare/seed0/backprop", "shakespeare/seed1/backprop"]
+    assert again == first
+    assert [(p.name, p.stat().st_mtime_ns) for p in sorted(summary.iterdir())
+            if p.is_file()] == stamp

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -214,3 +215,85 @@ def test_manifest_without_source_is_named_by_its_folder(tmp_path: Path) -> None:
         "test": {"file": "test.bin", "sha256": "d" * 64, "bytes": 5}}}), encoding="utf-8")
     assert R.read_manifest(path) == [{"manifest": str(path), "corpus": "enwik8", "split": "test",
                                       "file": "test.bin", "sha256": "d" * 64, "bytes": 5}]
+
+
+def test_index_opens_with_results_at_a_glance(project: Path) -> None:
+    """Claims table, scale sentence, forest plot (embedded), stage wall times, CPU model,
+    result hashes, collapsed parameters and the BibTeX of every reproduced work."""
+    import base64
+
+    res = project / "results"
+    (res / "analysis").mkdir(parents=True)
+    (res / "analysis" / "claims.csv").write_text(
+        "id,paper,claim,paper_figure,paper_scale,measured,measured_value,our_scale,corpus,rule,"
+        "verdict,caveats\n"
+        "a,P,Claim <A>,paper: 1.382x,31 cores,0.9x tokens/s,0.9,4 threads; 2 seeds,x,r,"
+        "inconclusive,timing difference inside the step-time spread (±40%)\n"
+        "b,P,Claim B,paper: comparable,32 GPUs,mean d +0.5 %,0.005,2 seeds,x,r,reproduced,\n"
+        "c,P,Claim C,paper: > 2.5 % worse,31 cores,not run in this profile,,,,r,not run,\n")
+    png = base64.b64decode(  # a 1x1 PNG
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5"
+        "ErkJggg==")
+    (res / "analysis" / "forest.png").write_bytes(png)
+    (res / "params.json").write_text(json.dumps({
+        "profile": "default", "seeds": [0, 1], "model": {"n_layers": 4, "d_model": 128},
+        "train": {"steps": 400}, "scape": {"runs": [{}, {}], "steps": 150, "world_size": 2,
+                                           "corpus": "shakespeare"}}))
+    (project / "reports" / "02_rgc.ipynb").write_text(json.dumps(
+        {"metadata": {"papermill": {"duration": 192.4}}, "cells": []}))
+    page = build(project, repo_dir=project, claims_csv=res / "analysis" / "claims.csv",
+                 forest_png=res / "analysis" / "forest.png", resolved_params=res / "params.json",
+                 result_files=[res / "params.json", res / "analysis" / "claims.csv",
+                               res / "missing.json"]).read_text(encoding="utf-8")
+    glance = page.index("Results at a glance")
+    assert glance < page.index("<h2>Reports</h2>") < page.index("How to cite")
+    assert page.index("This run (profile &#x27;default&#x27;, 2 training seeds 0, 1)") > glance
+    assert "SCAPE suite: 2 runs of a 4-layer, d=128 model, 150 steps, 2 workers" in page
+    # one row per claim, the paper's figure and scale, ours, the verdict and the caveat
+    assert page.count('<td class="txt verdict-') == 3
+    assert '<td class="txt verdict-inconclusive">inconclusive</td>' in page
+    assert "Claim &lt;A&gt;" in page and "paper: 1.382x" in page and "31 cores" in page
+    assert "timing difference inside the step-time spread (±40%)" in page
+    assert "Verdicts: " in page
+    # the forest plot is in the page itself; nothing is loaded from elsewhere
+    assert page.count("<img") == 1
+    assert re.findall(r'src="([^"]{0,22})', page) == ["data:image/png;base64,"]
+    assert base64.b64encode(png).decode() in page
+    for bad in ("<script", "<link", "http://", "@import"):
+        assert bad not in page
+    # stage wall time from the executed notebook; unknown where there is none
+    assert "02_rgc.html; stage ran 3 min 12 s" in page
+    assert "01_scape.html; stage ran unknown" in page
+    # provenance: CPU model, result hashes (missing files left out), parameters collapsed
+    assert "CPU model" in page and R.machine_info()["cpu_model"] in page
+    from lmrepro.io import sha256_file
+
+    assert sha256_file(res / "params.json") in page and "missing.json" not in page
+    assert re.search(r"<details><summary>Parameters: .*?</summary>\s*<pre>train:", page, re.S)
+    # BibTeX: the software with its commit; the papers; the RGC paper without invented authors
+    commit = R.git_info(project)["commit"]
+    assert commit is None or f"note = {{git commit {commit}" in page
+    assert "eprint = {2607.01678}" in page and "eprint = {2505.16363}" in page
+    assert "author = {Zheng, Mingkai and" in page
+    rgc = page[page.index("@misc{boundedhorizon"):]
+    rgc = rgc[:rgc.index("}\n")]
+    assert "author =" not in rgc and "Authors, year, identifier unknown" in rgc
+    assert "repository URL is not recorded" in page
+    prov = json.loads((project / "reports" / "provenance.json").read_text(encoding="utf-8"))
+    assert [c["verdict"] for c in prov["claims"]] == ["inconclusive", "reproduced", "not run"]
+    assert [r["duration_s"] for r in prov["reports"]] == [None, 192.4, None]
+
+
+def test_the_repository_url_comes_from_citation_or_the_git_remote(project: Path) -> None:
+    cff = R.read_citation(project / "CITATION.cff")
+    assert "url" not in R.bibtex_entry(cff)
+    bib = R.bibtex_entry({**cff, "repository-code": "https://example.org/lmrepro"},
+                         commit="abc123 (dirty)")
+    assert "url = {https://example.org/lmrepro}" in bib
+    assert "note = {git commit abc123 (dirty)}" in bib
+    if shutil.which("git"):
+        git(project, "init", "-q")
+        git(project, "remote", "add", "origin", "https://example.org/from-remote.git")
+        page = build(project, repo_dir=project).read_text(encoding="utf-8")
+        assert "url = {https://example.org/from-remote.git}" in page
+        assert "repository URL is not recorded" not in page

@@ -7,6 +7,7 @@
     lmrepro train-scape ...                                      # under torchrun; scape.cli
     lmrepro train-rgc ...                                        # see lmrepro.rgc.cli
     lmrepro report   [--reports reports]                         # reports/index.html
+    lmrepro publish  [--dest published/<profile>]                # a finished run's products
 
 Bad input exits with status 2 and one message naming the parameter, the value and what is allowed.
 """
@@ -77,6 +78,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_publish(args: argparse.Namespace) -> int:
+    from lmrepro.pipeline.publish import publish
+
+    print(publish(".", args.dest, readme=args.readme))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmrepro", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -105,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_params_args(p)
     p.add_argument("--reports", default="reports")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("publish", help="copy a finished run's small products (metrics, tables, "
+                       "plots, reports; no checkpoints) to published/<profile>/ and, for the "
+                       "reference profile, write the README's Results section from them")
+    p.add_argument("--dest", default=None, help="default: published/<the run's profile>")
+    p.add_argument("--readme", default="README.md", help="README to update (reference run)")
+    p.set_defaults(func=_cmd_publish)
 
     from lmrepro.data import cli as data_cli
     from lmrepro.rgc import cli as rgc_cli

@@ -1,0 +1,126 @@
+"""Publishing a finished run, and the README's "Results" section generated from what is
+published (never typed)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from _runs import make_run
+
+from lmrepro.errors import ParameterError
+from lmrepro.io import atomic_write_json, read_json, sha256_file
+from lmrepro.pipeline import analysis as A
+from lmrepro.pipeline import claims as C
+from lmrepro.pipeline import publish as P
+from lmrepro.pipeline.report import build_index
+from lmrepro.stats import StatsConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+STATS = StatsConfig(n_resamples=500)
+README = f"# x\n\n## Results\n\n{P.BEGIN}\nold text\n{P.END}\n\n## Explore\n\nmore\n"
+
+
+def finished_run(root: Path, profile: str = "reference") -> Path:
+    """A finished run as the pipeline leaves it: runs (with checkpoints), analyses, claims,
+    reports and the index."""
+    atomic_write_json(root / "results/params.json", {"profile": profile, "seeds": [0, 1]})
+    for seed in (0, 1):
+        where = root / "results/rgc/runs/shakespeare" / f"seed{seed}"
+        for name, method, extra in [("backprop", "backprop", {"executor": "backprop"}),
+                                    ("rgc-async", "rgc", {"executor": "async"})]:
+            run = make_run(where, name, method, seed=seed, rel=0.004 * (method == "rgc"),
+                           **extra)
+            (run / "checkpoints" / "step_0000010").mkdir(parents=True)
+            (run / "checkpoints" / "step_0000010" / "rank0.pt").write_bytes(b"weights")
+    atomic_write_json(root / "results/rgc/metrics.json", {"x": 1})
+    (root / "results/rgc/loss_curve.csv").write_text("run,step,loss\n")
+    A.analysis_stage("rgc", STATS, root / "results", root / "results/analysis", seeds=[0, 1])
+    C.claims_stage(root / "results/analysis", root / "results/analysis")
+    (root / "reports").mkdir()
+    (root / "reports/07_analysis_rgc.html").write_text("<html><h1>RGC</h1></html>")
+    (root / "reports/07_analysis_rgc.ipynb").write_text("{}")
+    (root / "params.yaml").write_text("profile: reference\n")
+    (root / "CITATION.cff").write_text((ROOT / "CITATION.cff").read_text())
+    build_index(root / "reports", root / "params.yaml", [], root / "CITATION.cff",
+                out=root / "reports/index.html", repo_dir=root,
+                claims_csv=root / "results/analysis/claims.csv",
+                forest_png=root / "results/analysis/forest.png",
+                resolved_params=root / "results/params.json")
+    (root / "README.md").write_text(README)
+    return root
+
+
+def test_publish_copies_the_small_products_and_writes_the_results_section(
+        tmp_path: Path) -> None:
+    root = finished_run(tmp_path / "proj")
+    dest = P.publish(root)
+    assert dest == root / "published" / "reference"
+    files = {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()}
+    assert "results/analysis/claims.csv" in files and "reports/index.html" in files
+    assert "results/analysis/rgc/analysis.json" in files and "results/params.json" in files
+    assert "results/rgc/runs/shakespeare/seed1/rgc-async/eval_losses.json" in files
+    assert "results/rgc/runs/shakespeare/seed1/rgc-async/summary.json" in files
+    # no checkpoint, no per-step log, no executed notebook
+    assert not any("checkpoints" in f or f.endswith((".pt", ".jsonl", ".ipynb")) for f in files)
+    manifest = read_json(dest / P.MANIFEST)
+    assert manifest["profile"] == "reference" and set(manifest["files"]) == files - {P.MANIFEST}
+    assert all(sha256_file(dest / f) == e["sha256"] for f, e in manifest["files"].items())
+    # the README's section is generated from the published files, the rest is kept
+    text = (root / "README.md").read_text()
+    assert "old text" not in text and text.startswith("# x\n\n## Results\n\n")
+    assert text.endswith("\n\n## Explore\n\nmore\n")
+    section = P.readme_section(root / "README.md")
+    assert section == P.results_section(dest, "published/reference")
+    claims = pd.read_csv(dest / "results/analysis/claims.csv", keep_default_na=False)
+    rows = [line for line in section.splitlines() if line.startswith("| ")][2:]
+    assert len(rows) == len(claims) and "published/reference/reports/index.html" in section
+    for line, (_, claim) in zip(rows, claims.iterrows(), strict=True):
+        assert line.startswith(f"| {claim['claim']} |") and f"| {claim['verdict']} |" in line
+    # publishing again replaces the copy in place
+    assert P.publish(root) == dest and not list(dest.parent.glob(".reference*"))
+
+
+def test_an_unfinished_or_oversized_run_is_refused_before_anything_is_written(
+        tmp_path: Path) -> None:
+    root = finished_run(tmp_path / "proj")
+    (root / "results/analysis/claims.csv").unlink()
+    with pytest.raises(ParameterError, match="claims.csv") as info:
+        P.publish(root)
+    assert info.value.name == "run" and not (root / "published").exists()
+    root = finished_run(tmp_path / "proj2")
+    big = root / "results/analysis/rgc/huge.png"
+    big.write_bytes(b"\0" * (P.MAX_FILE_BYTES + 1))
+    with pytest.raises(ParameterError, match="huge.png"):
+        P.publish(root)
+    assert not (root / "published").exists()
+    assert "old text" in (root / "README.md").read_text()
+
+
+def test_another_profile_is_published_beside_and_leaves_the_readme(tmp_path: Path) -> None:
+    root = finished_run(tmp_path / "proj", profile="default")
+    assert P.publish(root) == root / "published" / "default"
+    assert "old text" in (root / "README.md").read_text()
+
+
+def test_the_readme_shows_what_is_published() -> None:
+    """The repository's README "Results" section is exactly what the published reference run
+    gives, and that run's claims table is what its analysis files give."""
+    published = ROOT / "published" / "reference"
+    assert P.readme_section(ROOT / "README.md") == P.results_section(published)
+    if not (published / "results/analysis/claims.csv").is_file():
+        assert "No reference run is published yet" in P.readme_section(ROOT / "README.md")
+        return
+    table = pd.read_csv(published / "results/analysis/claims.csv", keep_default_na=False,
+                        na_values=[""])
+    again = C.claims_table(C.read_stage_records(published / "results/analysis"))
+    assert list(table["verdict"]) == list(again["verdict"])
+    assert list(table["measured"]) == list(again["measured"])
+    for a, b in zip(table["measured_value"], again["measured_value"], strict=True):
+        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-12)
+    manifest = json.loads((published / P.MANIFEST).read_text())
+    for rel, entry in manifest["files"].items():
+        assert sha256_file(published / rel) == entry["sha256"], rel
