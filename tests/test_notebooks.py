@@ -135,8 +135,8 @@ DEMO = {
              "print('PRINTED', params.profile)")},
         {"cell_type": "code", "metadata": {"tags": ["figure"]}, "execution_count": None,
          "outputs": [], "source": (
-             "from matplotlib.figure import Figure\nfig = Figure()\n"
-             "fig.subplots().plot([0, 1], [1, 0])\nfig  # HIDDENCODE")},
+             "from matplotlib.figure import Figure\nfig = Figure()\nax = fig.subplots()\n"
+             "ax.plot([0, 1], [1, 0])\nax.set_title('Demo line')\nfig  # HIDDENCODE")},
         {"cell_type": "code", "metadata": {"tags": ["figure"]}, "execution_count": None,
          "outputs": [], "source": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3]);"},
         {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
@@ -161,6 +161,7 @@ def test_a_report_shows_its_figures_and_no_noise(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = (proj / "reports" / "02_zdemo.html").read_text()
     assert page.count(PNG) == 2 and "&lt;Figure size" not in page
+    assert 'alt="Demo line"' in page and 'alt="figure"' in page      # titled, untitled
     assert "PRINTED smoke" in page
     # logging, warnings and progress bars went to the terminal, not into the report
     for noise in ("LOGNOISE", "ROOTNOISE", "WARNNOISE", "BARNOISE", "it/s", "IProgress"):

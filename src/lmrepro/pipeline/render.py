@@ -35,6 +35,13 @@ _TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 {% block extra_css %}<style>{{ resources.lmrepro_css }}</style>{% endblock extra_css %}
 {%- block body_header -%}{{ super() }}{{ resources.lmrepro_header }}{%- endblock body_header -%}
+{% block data_png scoped %}
+{%- set alt = output | get_metadata('alt', 'image/png') -%}
+<div class="jp-RenderedImage jp-OutputArea-output {{ extra_class }}">
+<img src="data:image/png;base64,{{ output.data['image/png'] | escape_html }}"
+alt="{{ (alt or 'figure') | escape_html }}">
+</div>
+{%- endblock data_png %}
 """
 
 CSS = """

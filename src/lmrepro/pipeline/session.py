@@ -98,11 +98,19 @@ def configure_output(report: bool) -> None:
     warnings.filterwarnings("ignore", message="IProgress not found")
 
 
-def _figure_png(fig: Any) -> bytes:
+def figure_alt(fig: Any) -> str:
+    """A figure's alternative text: its titles (the figure's, then each axes')."""
+    titles = [fig._suptitle.get_text()] if getattr(fig, "_suptitle", None) else []
+    titles += [ax.get_title() for ax in fig.axes if ax.get_title()]
+    return "; ".join(titles) or "figure"
+
+
+def _figure_png(fig: Any) -> tuple[bytes, dict[str, str]]:
+    """PNG bytes and metadata (the alternative text the report's ``<img>`` carries)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=FIGURE_DPI, bbox_inches="tight",
                 metadata={"Software": None})
-    return buf.getvalue()
+    return buf.getvalue(), {"alt": figure_alt(fig)}
 
 
 def configure_figures() -> None:
