@@ -389,6 +389,10 @@ def test_replicates_are_runs_that_differ_only_in_the_seed(tmp_path: Path) -> Non
     assert sorted(c.baseline for c in comps) == [("adams-lr0.001-s0", "adams-lr0.001-s1"),
                                                  ("adams-lr0.003-s0", "adams-lr0.003-s1")]
     assert all(c.candidate == ("scape-s0", "scape-s1") for c in comps)
+    # the labels tell the two AdamS configurations apart (SCAPE ran at one)
+    assert sorted(c.label for c in comps) == [
+        "scape@90% p=2 vs adams p=2 lr=0.001 (shakespeare)",
+        "scape@90% p=2 vs adams p=2 lr=0.003 (shakespeare)"]
 
 
 def test_step_times_pool_within_and_between_run_spreads() -> None:

@@ -446,8 +446,16 @@ def _group_key(run: Run) -> tuple:
     return (run.role, (run.summary.corpus, run.world_size), sparsity, run.configuration)
 
 
-def config_label(run: Run) -> str:
-    """A configuration in words: method, RGC executor, sparsity, data-parallel workers."""
+def learning_rate(run: Run) -> float | None:
+    """The peak learning rate in the run's configuration (``settings.lr`` or ``lr``)."""
+    config = run.summary.config
+    lr = (config.get("settings") or {}).get("lr", config.get("lr"))
+    return float(lr) if isinstance(lr, (int, float)) else None
+
+
+def config_label(run: Run, with_lr: bool = False) -> str:
+    """A configuration in words: method, RGC executor, sparsity, data-parallel workers (and the
+    learning rate when ``with_lr``: where one method ran at several, e.g. a sweep)."""
     label = run.summary.method
     if run.role in (ROLE_RGC_ASYNC, ROLE_RGC_SYNC):
         label += "-" + run.summary.executor
@@ -455,6 +463,8 @@ def config_label(run: Run) -> str:
         label += f"@{run.summary.sparsity:.0%}"
     if run.world_size is not None:
         label += f" p={run.world_size}"
+    if with_lr and (lr := learning_rate(run)) is not None:
+        label += f" lr={lr:g}"
     return label
 
 
@@ -476,23 +486,40 @@ def configurations(runs: Runs) -> dict[tuple, list[Run]]:
     return groups
 
 
-def _pairings(runs: Runs) -> list[tuple[list[Run], list[Run]]]:
-    """``(baseline runs, candidate runs)`` paired by seed, for every configuration pair of
-    :data:`DEFAULT_PAIRINGS` in the same setting."""
+@dataclass(frozen=True)
+class Pairing:
+    """Two configurations' runs paired by seed, with their labels (:func:`config_label`, with
+    the learning rate where a role, setting and sparsity ran at several configurations)."""
+
+    bases: list[Run]
+    cands: list[Run]
+    base_label: str
+    cand_label: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.cand_label} vs {self.base_label} ({self.cands[0].summary.corpus})"
+
+
+def _pairings(runs: Runs) -> list[Pairing]:
+    """Every configuration pair of :data:`DEFAULT_PAIRINGS` in the same setting, its runs
+    paired by seed."""
     groups = configurations(runs)
+    several: dict[tuple, int] = {}
+    for key in groups:
+        several[key[:3]] = several.get(key[:3], 0) + 1
     out = []
     for cand_role, base_role in DEFAULT_PAIRINGS:
-        for (role, setting, _, _), cands in groups.items():
-            for (brole, bsetting, _, _), bases in groups.items():
-                if (role, brole) != (cand_role, base_role) or setting != bsetting:
+        for ckey, cands in groups.items():
+            for bkey, bases in groups.items():
+                if (ckey[0], bkey[0]) != (cand_role, base_role) or ckey[1] != bkey[1]:
                     continue
                 if pairs := _pair_by_seed(bases, cands):
-                    out.append(([b for b, _ in pairs], [c for _, c in pairs]))
+                    b, c = pairs[0]
+                    out.append(Pairing([b for b, _ in pairs], [c for _, c in pairs],
+                                       config_label(b, several[bkey[:3]] > 1),
+                                       config_label(c, several[ckey[:3]] > 1)))
     return out
-
-
-def _comparison_label(base: Run, cand: Run) -> str:
-    return f"{config_label(cand)} vs {config_label(base)} ({cand.summary.corpus})"
 
 
 def default_comparisons(runs: Runs) -> list[Comparison]:
@@ -503,10 +530,9 @@ def default_comparisons(runs: Runs) -> list[Comparison]:
     configuration's runs of the same seed. A data-parallel candidate is compared with baselines
     of the same world size (RGC-suite runs have none).
     """
-    return [Comparison(baseline=tuple(b.name for b in bases),
-                       candidate=tuple(c.name for c in cands),
-                       label=_comparison_label(bases[0], cands[0]))
-            for bases, cands in _pairings(runs)]
+    return [Comparison(baseline=tuple(b.name for b in p.bases),
+                       candidate=tuple(c.name for c in p.cands), label=p.label)
+            for p in _pairings(runs)]
 
 
 def _pooled_losses(loaded: dict[str, Run], comp: Comparison
@@ -658,7 +684,8 @@ def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceR
     runs paired by seed), averaged over seeds, with the timing spread; ``cores``: the machine's
     cores (None: no oversubscription check)."""
     out = []
-    for bases, cands in _pairings(runs):
+    for pairing in _pairings(runs):
+        bases, cands = pairing.bases, pairing.cands
         c_t = step_times([r.summary.mean_step_time_s for r in cands],
                          [r.summary.step_time_std_s for r in cands])
         b_t = step_times([r.summary.mean_step_time_s for r in bases],
@@ -674,9 +701,9 @@ def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceR
         wall = (c_steps * c_t.mean_s) / (b_steps * b_t.mean_s)
         c, b = cands[0], bases[0]
         out.append(ResourceRecord(
-            label=_comparison_label(b, c), corpus=c.summary.corpus, candidate_role=c.role,
-            baseline_role=b.role, candidate_configuration=config_label(c),
-            baseline_configuration=config_label(b), candidate_runs=[r.name for r in cands],
+            label=pairing.label, corpus=c.summary.corpus, candidate_role=c.role,
+            baseline_role=b.role, candidate_configuration=pairing.cand_label,
+            baseline_configuration=pairing.base_label, candidate_runs=[r.name for r in cands],
             baseline_runs=[r.name for r in bases], sparsity=c.summary.sparsity,
             candidate_step_time_s=c_t.mean_s, baseline_step_time_s=b_t.mean_s,
             candidate_step_time_spread_s=c_t.spread_s, baseline_step_time_spread_s=b_t.spread_s,
