@@ -166,7 +166,9 @@ def noninferiority_measure(candidate: str, baseline: str, *, non_inferior: bool,
                 continue
             if corpus is not None and c.corpus != corpus:
                 continue
-            scale = comparison_scale(records, c.candidate_runs, f"{c.n_pairs} eval batches")
+            per_seed = c.n_pairs // max(1, c.n_seeds)
+            scale = comparison_scale(records, c.candidate_runs,
+                                     f"{per_seed} eval batches per seed")
             out.append(Measured(c.corpus, ni_text(c), ni_value(c),
                                 c.non_inferior == non_inferior, scale, tuple(c.caveats)))
         return out

@@ -132,8 +132,9 @@ def plot_forest(comparisons: Sequence[ComparisonRecord], *,
             ax.plot([other * 100], [i], "x", color="0.3", markersize=6)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylim(-0.7, max(0.7, len(labels) - 0.3))
-    ax.set_xlabel("mean relative difference in eval loss (%): dot = mean, | = upper bound U of "
-                  "the verdict, x = the other level's U")
+    ax.set_xlabel("mean relative difference in eval loss (%)\n"
+                  "dot = mean, | = upper bound U of the verdict, x = the other level's U",
+                  fontsize=9)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     return fig
