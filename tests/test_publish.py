@@ -116,9 +116,10 @@ def test_the_readme_shows_what_is_published() -> None:
         return
     table = pd.read_csv(published / "results/analysis/claims.csv", keep_default_na=False,
                         na_values=[""])
+    # (the wording of the figures may change with the code; the numbers and verdicts may not)
     again = C.claims_table(C.read_stage_records(published / "results/analysis"))
+    assert list(table["id"]) == list(again["id"])
     assert list(table["verdict"]) == list(again["verdict"])
-    assert list(table["measured"]) == list(again["measured"])
     for a, b in zip(table["measured_value"], again["measured_value"], strict=True):
         assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-12)
     manifest = json.loads((published / P.MANIFEST).read_text())

@@ -45,7 +45,8 @@ def wallclock(records: AnalysisRecords) -> list[Measured]:
         return []
     r = min(faster.values(), key=lambda r: r.wall_ratio)
     red = 1.0 - r.wall_ratio
-    return [Measured(r.corpus, f"{red:.1%} less ({r.candidate_configuration} vs "
+    return [Measured(r.corpus, f"{abs(red):.1%} {'less' if red >= 0 else 'more'} "
+                     f"({r.candidate_configuration} vs "
                      f"{r.baseline_configuration}; {spread_text(r)})", red,
                      timing_verdict(red > 0.0, r.wall_conclusive),
                      comparison_scale(records, r.candidate_runs), tuple(r.caveats))]
