@@ -13,6 +13,7 @@ from pydantic import Field
 
 from lmrepro.config import Section
 from lmrepro.data.batches import eval_batches
+from lmrepro.lifetime import fault_point
 from lmrepro.model import lm_loss
 
 
@@ -62,6 +63,7 @@ def evaluate_losses(logits_fn: Callable[[torch.Tensor], torch.Tensor], data: np.
     losses = []
     for x, y in eval_batches(data, context, batch_size, n_batches):
         losses.append(float(lm_loss(logits_fn(x), y)))
+        fault_point("evaluate")     # test hook (docs/reliability.md): killed mid-evaluation
     return losses
 
 

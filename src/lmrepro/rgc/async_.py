@@ -45,6 +45,7 @@ from lmrepro.data.batches import sample_batch
 from lmrepro.distributed import free_port
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
+from lmrepro.lifetime import die_with_multiprocessing_parent
 from lmrepro.memory import MemorySampler
 from lmrepro.optim.comm import flat_to_grads, grads_to_flat
 from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
@@ -105,6 +106,7 @@ def _stage_worker(k: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | No
                   results: Any, stop: Any, finish: Any, fault: tuple[int, int, str] | None
                   ) -> None:
     """Body of stage ``k``'s process; reports ``("ready"|"step"|"state"|"done"|"error", ...)``."""
+    die_with_multiprocessing_parent()      # ends with the run's process (docs/reliability.md)
     try:
         cfg = RGCConfig(**cfg_dict)
         K, M = cfg.n_stages, cfg.micro_batches

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from lmrepro.data.stage import data_identity, load_splits
-from lmrepro.results import SUMMARY, collect_runs, prepare_runs_dir, read_run, write_stage_products
+from lmrepro.results import (SUMMARY, collect_runs, holds_writer_lock, prepare_runs_dir, read_run,
+                             write_stage_products)
+from lmrepro.rgc.common import check_data
 from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor
 from lmrepro.rgc.runner import train
 
@@ -37,15 +39,20 @@ def run_executors(train_data: np.ndarray, val_data: np.ndarray, corpus: str,
     return summaries
 
 
+@holds_writer_lock("stage_dir")
 def run_suite(suite: RGCSuite, seed: int, prepared_dir: str | Path,
               stage_dir: str | Path = "results/rgc") -> dict[str, Path]:
     """The ``rgc:`` section's executors on each of its corpora; DVC metrics and plots."""
     stage_dir = Path(stage_dir)
+    splits = {c: load_splits(prepared_dir, c) for c in suite.corpora}
+    for corpus, (train_data, val_data) in splits.items():   # every check before any move
+        check_data(f"{corpus} train split", np.asarray(train_data), suite.context)
+        check_data(f"{corpus} val split", np.asarray(val_data), suite.context)
     prepare_runs_dir(stage_dir / "runs", {
         "seed": seed, "rgc": suite.to_dict(),
         "data": {c: data_identity(prepared_dir, c) for c in suite.corpora}})
     for corpus in suite.corpora:
-        train_data, val_data = load_splits(prepared_dir, corpus)
+        train_data, val_data = splits[corpus]
         log.info("RGC suite %s on %s -> %s", list(suite.executors), corpus,
                  stage_dir / "runs" / corpus)
         run_executors(train_data, val_data, corpus, stage_dir / "runs" / corpus, suite.config,

@@ -5,21 +5,25 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from lmrepro.data.stage import data_identity
+from lmrepro.data.batches import check_context
+from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
-from lmrepro.results import prepare_runs_dir, write_stage_products
+from lmrepro.results import holds_writer_lock, prepare_runs_dir, write_stage_products
 from lmrepro.scape.config import ScapeSuite
 from lmrepro.scape.launch import run_scape_suite
 
 log = logging.getLogger(__name__)
 
 
+@holds_writer_lock("stage_dir")
 def run_suite(suite: ScapeSuite, model: ModelConfig, seed: int, prepared_dir: str | Path,
               stage_dir: str | Path = "results/scape") -> dict[str, Path]:
     """Dense AdamW/AdamS, SCAPE and top-k runs of ``suite`` with the same data, seed and steps;
     ``model`` unless the section overrides it. Writes the DVC metrics and plots."""
     stage_dir = Path(stage_dir)
     model = suite.model or model
+    train, val = load_splits(prepared_dir, suite.corpus)   # every check before any move
+    check_context(min(len(train), len(val)), model.context)
     prepare_runs_dir(stage_dir / "runs", {"seed": seed, "model": model.to_dict(),
                                           "scape": suite.to_dict(),
                                           "data": data_identity(prepared_dir, suite.corpus)})
