@@ -241,6 +241,37 @@ def test_the_exec_wrapper_refuses_to_start_when_its_parent_already_died():
     assert proc.returncode == -signal.SIGKILL and time.monotonic() - t0 < 10
 
 
+TORCHRUN_WORKER = textwrap.dedent("""
+    import os, sys, time
+    from lmrepro.lifetime import die_with_torchrun_agent
+    assert die_with_torchrun_agent()
+    open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
+    time.sleep(300)
+""")
+
+
+def test_torchrun_workers_die_with_their_agent(tmp_path):
+    """torch elastic starts each worker in a session of its own: a SIGKILL of the agent reaches
+    none of them but through their parent-death signal."""
+    (tmp_path / "worker.py").write_text(TORCHRUN_WORKER)
+    (tmp_path / "pids").mkdir()
+    agent = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc-per-node", "2", str(tmp_path / "worker.py"),
+                              str(tmp_path / "pids")], env=env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        workers = wait_for(lambda: [int(p.name) for p in (tmp_path / "pids").iterdir()]
+                           if len(list((tmp_path / "pids").iterdir())) == 2 else None, 120,
+                           "two workers")
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait()
+        assert gone_within(workers, 5.0) < 5.0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+
+
 MP_OWNER = textwrap.dedent("""
     import multiprocessing as mp, sys, time
 

@@ -56,6 +56,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -269,14 +270,20 @@ def _scratch_prefix(tag: str) -> str:
     return f"lmrepro-{tag}-"
 
 
+def _host() -> str:
+    return socket.gethostname().replace("-", "_") or "host"
+
+
 def sweep_scratch(tag: str, base: str | os.PathLike | None = None) -> list[Path]:
-    """Remove the scratch directories of ``tag`` whose process is gone; returns them."""
+    """Remove the scratch directories of ``tag`` whose process (on this host) is gone; returns
+    them. Another host's (a shared temporary directory) are left alone."""
     base = Path(base or tempfile.gettempdir())
     prefix = _scratch_prefix(tag)
     removed = []
     for d in base.glob(prefix + "*"):
-        pid_text = d.name[len(prefix):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or pid_alive(int(pid_text)):
+        pid_text, _, rest = d.name[len(prefix):].partition("-")
+        if (not pid_text.isdigit() or not rest.startswith(_host() + "-")
+                or int(pid_text) == os.getpid() or pid_alive(int(pid_text))):
             continue
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
@@ -285,11 +292,13 @@ def sweep_scratch(tag: str, base: str | os.PathLike | None = None) -> list[Path]
 
 @contextlib.contextmanager
 def scratch_dir(tag: str, base: str | os.PathLike | None = None) -> Iterator[Path]:
-    """A private temporary directory ``<base>/lmrepro-<tag>-<pid>-XXXX`` (base: the system's
-    temporary directory), removed on exit; those left by killed processes are removed first."""
+    """A private temporary directory ``<base>/lmrepro-<tag>-<pid>-<host>-XXXX`` (base: the
+    system's temporary directory), removed on exit; those left by killed processes of this host
+    are removed first."""
     base = Path(base or tempfile.gettempdir())
     sweep_scratch(tag, base)
-    path = Path(tempfile.mkdtemp(prefix=f"{_scratch_prefix(tag)}{os.getpid()}-", dir=base))
+    path = Path(tempfile.mkdtemp(prefix=f"{_scratch_prefix(tag)}{os.getpid()}-{_host()}-",
+                                 dir=base))
     try:
         yield path
     finally:
