@@ -972,6 +972,18 @@ def test_a_notebook_failing_on_our_own_error_is_one_line(tmp_path):
                       "writer per run directory: wait for that run to end (or stop it), then "
                       "run again"], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+    # a bad parameter file given to a notebook (as every stage notebook reads it)
+    bad = _variant(tmp_path, lambda r: r["model"].__setitem__("n_layers", "7"))
+    nb = _notebook(tmp_path / "params.ipynb", "from lmrepro.pipeline.params import load_params\n"
+                   "load_params(params_file, profile)")
+    proc = subprocess.run([PY, "-m", "lmrepro", "notebook", str(nb), "--params", str(bad),
+                           "--reports", str(tmp_path / "reports")], cwd=ROOT,
+                          capture_output=True, text=True, env=env(), timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("lmrepro:")]
+    assert errors == [f"lmrepro: error: {nb} failed: ConfigError: {bad} (profile 'default'): "
+                      "model.n_layers = '7': must be a valid integer"], proc.stderr[-3000:]
+    assert not (tmp_path / "reports" / "params.html").exists()
 
 
 @pytest.mark.slow

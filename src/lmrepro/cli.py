@@ -54,15 +54,14 @@ def _parse_value(text: str):
 def _cmd_notebook(args: argparse.Namespace) -> int:
     from lmrepro.lifetime import bind_to_pipeline
     from lmrepro.pipeline.notebook import run_notebook
-    from lmrepro.pipeline.params import load_params
 
     bind_to_pipeline()      # under dvc repro: end with dvc, so no worker outlives the pipeline
     # the parameter file and profile are always injected, so every executed notebook records
     # which configuration it ran with
     parameters = {"params_file": args.params, "profile": args.profile}
     parameters.update({k: _parse_value(v) for k, v in (args.param or [])})
-    # a bad parameter is one line here, before a kernel starts or anything is written
-    load_params(parameters["params_file"], parameters["profile"])
+    # not validated here (that would load torch in this process too, ~2 s a stage): under
+    # dvc repro the validate stage did it; a notebook's own ConfigError is reported in one line
     try:
         html = run_notebook(args.notebook, args.reports, parameters)
     except Exception as err:
