@@ -21,9 +21,11 @@ link                               mechanism
 =================================  =============================================================
 dvc → ``lmrepro notebook``         :func:`bind_to_pipeline` (under DVC only: ``DVC_STAGE`` set):
                                    a parent-death signal (SIGTERM), and a watchdog on dvc itself
-                                   when the shell in between did not exec; SIGTERM becomes
-                                   ``SystemExit`` (clean-up runs) with a hard deadline
-notebook → kernel                  ipykernel's own parent poller (``JPY_PARENT_PID``, 1 s)
+                                   when the shell in between did not exec; SIGTERM kills the
+                                   kernel's process group, then becomes ``SystemExit`` (clean-up
+                                   runs) with a hard deadline
+notebook → kernel                  that SIGTERM; when the notebook is SIGKILLed, ipykernel's own
+                                   parent poller (``JPY_PARENT_PID``, within 1 s)
 kernel → torchrun agent            :func:`guarded_command`: an exec wrapper that arms SIGKILL as
                                    the parent-death signal, then execs torchrun
 agent → workers                    :func:`die_with_torchrun_agent` first in ``train-scape``
@@ -184,11 +186,37 @@ def die_with_multiprocessing_parent(sig: int = signal.SIGKILL) -> bool:
     return True
 
 
-def exit_on_sigterm(hard_exit_s: float = HARD_EXIT_S) -> None:
+def kill_children() -> list[int]:
+    """SIGKILL this process's children, each with its whole process group when it leads one of
+    its own (a kernel in its own session takes its fork server and stage workers with it; its
+    torchrun agent follows by its parent-death signal). Returns the PIDs signalled."""
+    try:
+        import psutil
+
+        children = psutil.Process().children()
+    except Exception:  # noqa: BLE001 - best effort: the parent-death links remain
+        return []
+    own_group, killed = os.getpgrp(), []
+    for child in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            group = os.getpgid(child.pid)
+            if group == child.pid and group != own_group:
+                os.killpg(group, signal.SIGKILL)
+            else:
+                os.kill(child.pid, signal.SIGKILL)
+            killed.append(child.pid)
+    return killed
+
+
+def exit_on_sigterm(hard_exit_s: float = HARD_EXIT_S, children: bool = False) -> None:
     """Turn SIGTERM into ``SystemExit(143)`` so ``finally`` blocks and context managers clean up;
-    a timer kills the process if that takes longer than ``hard_exit_s``. Main thread only."""
+    a timer kills the process if that takes longer than ``hard_exit_s``. ``children``: first
+    SIGKILL the children (:func:`kill_children`), so the work stops at once instead of after a
+    graceful shutdown the children cannot answer while busy. Main thread only."""
 
     def on_term(signum: int, _frame: object) -> None:
+        if children:
+            kill_children()
         timer = threading.Timer(hard_exit_s, os.kill, (os.getpid(), signal.SIGKILL))
         timer.daemon = True
         timer.start()
@@ -225,7 +253,9 @@ def bind_to_pipeline() -> list[int]:
         return []
     owners = pipeline_owners()
     if threading.current_thread() is threading.main_thread():
-        exit_on_sigterm()
+        # the kernel is busy in a cell and cannot answer a shutdown request: killed at once
+        # (every product is written atomically and every run resumes from its checkpoint)
+        exit_on_sigterm(children=True)
     die_with_parent(signal.SIGTERM, expected_parent=owners[0])
     for pid in owners[1:]:
         if pid > 1:

@@ -7,7 +7,9 @@ A run directory holds:
   ``eval_bpb``; append-only, cut back to the checkpointed step on resume
   (:func:`truncate_metrics`);
 * ``eval_losses.json``: ``{"losses": [...], "unit": "nats", "batch_size": B, "context": T}``, the
-  final model's mean loss on each fixed evaluation batch (paired across methods);
+  final model's mean loss on each fixed evaluation batch (paired across methods); a non-finite
+  batch loss (a diverged model) is the string ``"nan"``, ``"inf"`` or ``"-inf"``: JSON has no
+  such numbers, and ``float()`` reads them back (the analysis then calls the run diverged);
 * ``summary.json``: a :class:`RunSummary` (the same keys for every trainer);
 * ``checkpoints/``: ``step_XXXXXXX/rank<r>.pt`` per rank and ``latest.json`` naming the last
   complete one (:func:`save_checkpoint`, :func:`publish_checkpoint`, :func:`load_checkpoint`);
@@ -128,11 +130,16 @@ def step_time_std(records: list[dict]) -> float | None:
     return math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1))
 
 
+def _finite_or_name(x: float) -> float | str:
+    x = float(x)
+    return x if math.isfinite(x) else repr(x)        # "nan", "inf", "-inf"
+
+
 def write_eval_losses(run_dir: str | Path, losses: list[float], batch_size: int, context: int
                       ) -> None:
     atomic_write_json(Path(run_dir) / EVAL_LOSSES, {
-        "losses": [float(x) for x in losses], "unit": "nats", "batch_size": batch_size,
-        "context": context,
+        "losses": [_finite_or_name(x) for x in losses], "unit": "nats",
+        "batch_size": batch_size, "context": context,
     })
 
 
@@ -167,7 +174,7 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     return {
         "summary": read_summary(run_dir).to_json(),
-        "eval_losses": read_json(run_dir / EVAL_LOSSES)["losses"],
+        "eval_losses": [float(x) for x in read_json(run_dir / EVAL_LOSSES)["losses"]],
         "metrics": read_jsonl(run_dir / METRICS),
     }
 
