@@ -7,12 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from lmrepro.errors import check
-from lmrepro.results import holds_writer_lock
 from lmrepro.rgc.common import TrainResult, check_data, synthetic_corpus
 from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
 
 
-@holds_writer_lock("out_dir")
 def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | None = None,
           val_data: np.ndarray | None = None, out_dir: str | Path | None = None,
           corpus: str = "synthetic", name: str | None = None, stop_after: int | None = None,
