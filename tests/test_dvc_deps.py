@@ -131,7 +131,10 @@ def test_validated_parameters_are_what_stages_read() -> None:
     # every stage but validate reads its configuration through results/params.json, and validate
     # writes it with the schema's whole closure in its deps
     assert all(RESOLVED in s["deps"] for n, s in STAGES.items() if n != "validate")
-    assert RESOLVED in STAGES["validate"]["outs"]
+    outs = {next(iter(o)) if isinstance(o, dict) else o: o for o in STAGES["validate"]["outs"]}
+    assert RESOLVED in outs
+    # persisted: DVC must not delete it before validate runs (a bad parameter keeps it)
+    assert outs[RESOLVED] == {RESOLVED: {"persist": True}}
     assert module_path(PARAMS) in closure({COMMAND_MODULES["validate"]})
 
 

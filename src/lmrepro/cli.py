@@ -9,7 +9,12 @@
     lmrepro report   [--reports reports]                         # reports/index.html
     lmrepro publish  [--dest published/<profile>]                # a finished run's products
 
-Bad input exits with status 2 and one message naming the parameter, the value and what is allowed.
+Errors are one message, no traceback (docs/reliability.md): bad input (a parameter, the
+parameter file, a damaged checkpoint, a run directory another process is writing) exits with
+status 2 and names the parameter or file, the value and what is allowed; a failure of the
+machine or the data (a full disk, a corrupt download, a NaN about to be written) exits with 1.
+A notebook that fails with one of these errors is reported the same way (the notebook's
+traceback is not repeated); any other failure keeps its full traceback.
 """
 
 from __future__ import annotations
@@ -48,15 +53,50 @@ def _parse_value(text: str):
 
 
 def _cmd_notebook(args: argparse.Namespace) -> int:
+    from lmrepro.lifetime import bind_to_pipeline
     from lmrepro.pipeline.notebook import run_notebook
 
+    bind_to_pipeline()      # under dvc repro: end with dvc, so no worker outlives the pipeline
     # the parameter file and profile are always injected, so every executed notebook records
     # which configuration it ran with
     parameters = {"params_file": args.params, "profile": args.profile}
     parameters.update({k: _parse_value(v) for k, v in (args.param or [])})
-    html = run_notebook(args.notebook, args.reports, parameters)
+    # not validated here (that would load torch in this process too, ~2 s a stage): under
+    # dvc repro the validate stage did it; a notebook's own ConfigError is reported in one line
+    try:
+        html = run_notebook(args.notebook, args.reports, parameters)
+    except Exception as err:
+        clean = _notebook_error(err)
+        if clean is None:
+            raise
+        raise clean from None
     print(html)
     return 0
+
+
+# errors whose message is the whole story: reported as one message, without a traceback
+BAD_INPUT = frozenset({"ParameterError", "ConfigError", "ParamsFileError", "CheckpointError",
+                       "RunDirectoryBusy"})
+FAILURE = frozenset({"DiskFullError", "NonFiniteError", "DamagedFileError", "DataError",
+                     "IntegrityError", "SourceUnavailableError"})
+
+
+class NotebookError(RuntimeError):
+    """A notebook stopped on one of our own errors: ``status`` is that error's exit status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _notebook_error(err: BaseException) -> NotebookError | None:
+    """The :class:`NotebookError` for papermill's report of a cell that raised one of our own
+    errors (by class name: the error was raised in the kernel), else None."""
+    ename = getattr(err, "ename", None)
+    if ename not in BAD_INPUT | FAILURE:
+        return None
+    evalue = str(getattr(err, "evalue", "")).strip()
+    return NotebookError(f"{ename}: {evalue}", 2 if ename in BAD_INPUT else 1)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -135,14 +175,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from lmrepro.io import DamagedFileError, DiskFullError, NonFiniteError
+
     try:
         return int(args.func(args) or 0)
     except ParameterError as err:
         print(f"lmrepro: error: {err}", file=sys.stderr)
         return 2
+    except NotebookError as err:
+        print(f"lmrepro: error: {args.notebook} failed: {err}", file=sys.stderr)
+        return err.status
+    except DiskFullError as err:    # before FileNotFoundError: both are OSError
+        print(f"lmrepro: error: {err}", file=sys.stderr)
+        return 1
     except FileNotFoundError as err:
         print(f"lmrepro: error: {err}", file=sys.stderr)
         return 2
     except DataError as err:
         print(f"lmrepro: data error: {err}", file=sys.stderr)
+        return 1
+    except (NonFiniteError, DamagedFileError) as err:
+        print(f"lmrepro: error: {err}", file=sys.stderr)
         return 1

@@ -25,6 +25,7 @@ from pydantic import Field
 from lmrepro.config import Section
 from lmrepro.data.batches import check_context, windows
 from lmrepro.errors import check
+from lmrepro.lifetime import fault_point
 from lmrepro.model import lm_loss
 
 
@@ -116,6 +117,7 @@ def evaluate_losses(logits_fn: Callable[[torch.Tensor], torch.Tensor], data: np.
     for starts in eval_window_starts(len(data), context, batch_size, n_batches):
         x, y = windows(data, starts, context)
         losses.append(float(lm_loss(logits_fn(x), y)))
+        fault_point("evaluate")     # test hook (docs/reliability.md): killed mid-evaluation
     return losses
 
 

@@ -7,34 +7,60 @@ A run directory holds:
   ``eval_bpb``; append-only, cut back to the checkpointed step on resume
   (:func:`truncate_metrics`);
 * ``eval_losses.json``: ``{"losses": [...], "unit": "nats", "batch_size": B, "context": T}``, the
-  final model's mean loss on each fixed evaluation batch (paired across methods);
+  final model's mean loss on each fixed evaluation batch (paired across methods); a non-finite
+  batch loss (a diverged model) is the string ``"nan"``, ``"inf"`` or ``"-inf"``: JSON has no
+  such numbers, and ``float()`` reads them back (the analysis then calls the run diverged);
 * ``summary.json``: a :class:`RunSummary` (the same keys for every trainer);
 * ``checkpoints/``: ``step_XXXXXXX/rank<r>.pt`` per rank and ``latest.json`` naming the last
-  complete one (:func:`save_checkpoint`, :func:`publish_checkpoint`, :func:`load_checkpoint`).
+  complete one (:func:`save_checkpoint`, :func:`publish_checkpoint`, :func:`load_checkpoint`);
+* ``.writer.lock``: the lock of the one process writing the directory (:func:`writer_lock`).
 
-Every file is written atomically (:mod:`lmrepro.io`).
+Every file is written atomically (:mod:`lmrepro.io`). One writer per run directory: a trainer
+holds :func:`writer_lock` on its run directory and a stage on its stage directory for as long as
+it runs (``fcntl.flock``: the kernel releases it when the holder dies, however it dies, so a stale
+lock of a dead process is simply taken over); a second writer stops at once with
+:class:`RunDirectoryBusy`, naming the directory and the PID that holds it. A damaged checkpoint
+raises :class:`CheckpointError` naming the file and how to start over (move the run directory
+aside; nothing here deletes a run).
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import enum
+import fcntl
+import functools
+import inspect
 import json
+import logging
 import math
+import os
 import shutil
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lmrepro.config import config_error
 from lmrepro.errors import ParameterError, check
-from lmrepro.io import (atomic_torch_save, atomic_write_json, atomic_write_text, read_json,
-                        read_jsonl, torch_load)
+from lmrepro.io import (DamagedFileError, atomic_torch_save, atomic_write_json, atomic_write_text,
+                        jsonl_text, read_json, read_jsonl, torch_load)
+from lmrepro.lifetime import fault_point, pid_alive
+
+log = logging.getLogger(__name__)
 
 SUMMARY = "summary.json"
 EVAL_LOSSES = "eval_losses.json"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
+WRITER_LOCK = ".writer.lock"
 BYTE_KINDS = ("grad_values", "param_values", "mask", "total")
 
 
@@ -104,19 +130,31 @@ def step_time_std(records: list[dict]) -> float | None:
     return math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1))
 
 
+def _finite_or_name(x: float) -> float | str:
+    x = float(x)
+    return x if math.isfinite(x) else repr(x)        # "nan", "inf", "-inf"
+
+
 def write_eval_losses(run_dir: str | Path, losses: list[float], batch_size: int, context: int
                       ) -> None:
     atomic_write_json(Path(run_dir) / EVAL_LOSSES, {
-        "losses": [float(x) for x in losses], "unit": "nats", "batch_size": batch_size,
-        "context": context,
+        "losses": [_finite_or_name(x) for x in losses], "unit": "nats",
+        "batch_size": batch_size, "context": context,
     })
 
 
 def write_summary(run_dir: str | Path, summary: RunSummary | dict[str, Any]) -> dict[str, Any]:
-    """Validate ``summary`` as a :class:`RunSummary` and write it; returns the JSON object."""
-    record = (summary if isinstance(summary, RunSummary)
-              else RunSummary.model_validate(summary)).to_json()
-    atomic_write_json(Path(run_dir) / SUMMARY, record)
+    """Validate ``summary`` as a :class:`RunSummary` and write it; returns the JSON object.
+
+    An invalid summary (a NaN, a throughput of 0) raises :class:`lmrepro.errors.ConfigError`
+    naming the run directory and the field, and nothing is written."""
+    path = Path(run_dir) / SUMMARY
+    try:
+        record = (summary if isinstance(summary, RunSummary)
+                  else RunSummary.model_validate(summary)).to_json()
+    except ValidationError as err:
+        raise config_error(err, "summary", where=f"{path} (not written)") from None
+    atomic_write_json(path, record)
     return record
 
 
@@ -124,7 +162,11 @@ def read_summary(run_dir: str | Path) -> RunSummary:
     path = Path(run_dir) / SUMMARY
     if not path.exists():
         raise FileNotFoundError(f"run directory {run_dir} has no {SUMMARY}: did the run finish?")
-    return RunSummary.model_validate(read_json(path))
+    try:
+        return RunSummary.model_validate(read_json(path))
+    except ValidationError as err:
+        raise config_error(err, "summary", where=f"{path} (move {run_dir} aside to run it "
+                           "again)") from None
 
 
 def read_run(run_dir: str | Path) -> dict[str, Any]:
@@ -132,16 +174,19 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     return {
         "summary": read_summary(run_dir).to_json(),
-        "eval_losses": read_json(run_dir / EVAL_LOSSES)["losses"],
+        "eval_losses": [float(x) for x in read_json(run_dir / EVAL_LOSSES)["losses"]],
         "metrics": read_jsonl(run_dir / METRICS),
     }
 
 
 def truncate_metrics(run_dir: str | Path, step: int) -> list[dict]:
-    """Keep only the records of steps before ``step`` (a resume re-logs the rest); returns them."""
+    """Keep only the records of steps before ``step`` (a resume re-logs the rest); returns them.
+
+    A last line cut short (a kill or a full disk during an append) is dropped: it was being
+    written after the last checkpoint, so it belongs to a step the resume trains again."""
     path = Path(run_dir) / METRICS
-    kept = [r for r in read_jsonl(path) if r.get("step", math.inf) < step]
-    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+    kept = [r for r in read_jsonl(path, drop_partial_tail=True) if r.get("step", math.inf) < step]
+    atomic_write_text(path, jsonl_text(kept, path))
     return kept
 
 
@@ -176,6 +221,7 @@ def publish_checkpoint(run_dir: str | Path, step: int, identity: dict[str, Any],
     atomic_write_json(run_dir / CHECKPOINTS / LATEST,
                       {"step": int(step), "dir": name, "world_size": int(world_size),
                        "identity": identity})
+    fault_point(f"checkpoint-published@{step}")   # test hook: killed right after a checkpoint
     for old in (run_dir / CHECKPOINTS).glob("step_*"):
         if old.name != name:
             shutil.rmtree(old, ignore_errors=True)
@@ -188,10 +234,29 @@ def checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], identity: 
     publish_checkpoint(run_dir, step, identity)
 
 
+class CheckpointError(ParameterError):
+    """A checkpoint that cannot be resumed: the message names the file and how to start over."""
+
+    def __init__(self, path: str | Path, run_dir: str | Path, problem: str) -> None:
+        run_dir = Path(run_dir)
+        super().__init__("checkpoint", str(path),
+                         f"{problem}; to start the run over, move its directory aside "
+                         f"(mv {run_dir} {run_dir}.damaged) and run again")
+
+
 def latest_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
     """``latest.json`` of a run directory, or None when it has no complete checkpoint."""
     path = Path(run_dir) / CHECKPOINTS / LATEST
-    return read_json(path) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        latest = read_json(path)
+    except (DamagedFileError, UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(path, run_dir, f"is damaged ({err})") from None
+    if not (isinstance(latest, dict) and isinstance(latest.get("step"), int)
+            and isinstance(latest.get("dir"), str)):
+        raise CheckpointError(path, run_dir, "is damaged (not the record a checkpoint writes)")
+    return latest
 
 
 def load_checkpoint(run_dir: str | Path, identity: dict[str, Any], rank: int = 0,
@@ -217,12 +282,185 @@ def load_checkpoint(run_dir: str | Path, identity: dict[str, Any], rank: int = 0
           f"must equal the checkpoint's {latest.get('world_size')} to resume {run_dir}")
     path = run_dir / CHECKPOINTS / latest["dir"] / f"rank{rank}.pt"
     if not path.exists():
-        raise ParameterError("checkpoint", str(path), "is missing: the checkpoint directory is "
-                             "incomplete; delete the run directory to start over")
-    state = torch_load(path)
-    check(int(state["step"]) == int(latest["step"]), "checkpoint", str(path),
-          f"records step {state['step']}, latest.json says {latest['step']}")
+        raise CheckpointError(path, run_dir, "is missing (the checkpoint directory is "
+                              "incomplete)")
+    try:
+        state = torch_load(path)
+    except Exception as err:  # noqa: BLE001 - torch reports damage as OSError or RuntimeError
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(path, run_dir, f"is damaged: torch cannot read it ({reason}; "
+                              f"{path.stat().st_size} bytes)") from None
+    if not (isinstance(state, dict) and int(state.get("step", -1)) == int(latest["step"])):
+        raise CheckpointError(path, run_dir, f"records step "
+                              f"{state.get('step') if isinstance(state, dict) else None}, "
+                              f"latest.json says {latest['step']}")
     return state
+
+
+# ------------------------------------------------------------------------------------------------
+# one writer per run directory
+# ------------------------------------------------------------------------------------------------
+
+class RunDirectoryBusy(ParameterError):
+    """Another live process holds the writer lock of the directory."""
+
+    def __init__(self, directory: str | Path, holder: str) -> None:
+        self.directory = str(directory)
+        self.holder = holder
+        super().__init__("run directory", self.directory,
+                         f"is being written by {holder}; one writer per run directory: wait "
+                         "for that run to end (or stop it), then run again")
+
+
+_held: dict[str, list[int]] = {}    # realpath of a locked directory -> [fd, depth] (this process)
+_held_guard = threading.Lock()
+
+
+def _holder_record() -> str:
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                       "since": datetime.datetime.now(datetime.UTC).strftime(
+                           "%Y-%m-%d %H:%M:%S UTC"),
+                       "command": " ".join(sys.argv)[:300]}) + "\n"
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "{}")
+        if isinstance(record, dict):
+            return record
+    return {}
+
+
+def _pid_from_proc_locks(fd: int) -> int | None:
+    """The PID /proc/locks gives for the flock on ``fd``'s file (Linux), or None."""
+    inode = os.fstat(fd).st_ino
+    with contextlib.suppress(OSError, ValueError, IndexError), \
+            open("/proc/locks", encoding="ascii") as fh:
+        for line in fh:
+            parts = line.split()
+            if "FLOCK" in parts and int(parts[5].rsplit(":", 1)[1]) == inode:
+                return int(parts[4])
+    return None
+
+
+def _describe_holder(fd: int) -> str:
+    """``PID n (command, since time)`` of the process holding the lock on ``fd``'s file."""
+    record: dict[str, Any] = {}
+    for _ in range(25):            # the holder writes its record right after taking the lock
+        record = _read_holder(fd)
+        if isinstance(record.get("pid"), int) and pid_alive(record["pid"]):
+            break
+        time.sleep(0.02)
+    pid = record.get("pid") if isinstance(record.get("pid"), int) else None
+    if pid is None or not pid_alive(pid):
+        pid, record = _pid_from_proc_locks(fd), {}
+    if pid is None:
+        return "another process (its PID is unknown)"
+    detail = ", ".join(f"{record[k]}" if k == "command" else f"{k} {record[k]}"
+                       for k in ("command", "host", "since") if record.get(k))
+    return f"PID {pid}" + (f" ({detail})" if detail else "")
+
+
+@contextlib.contextmanager
+def writer_lock(directory: str | Path, enabled: bool = True) -> Iterator[Path]:
+    """Hold the writer lock of ``directory`` (created if needed) for the ``with`` block.
+
+    Raises :class:`RunDirectoryBusy` at once when another live process holds it. The lock is an
+    ``fcntl.flock`` on ``directory/.writer.lock``: the kernel drops it when its holder ends, so a
+    lock left by a killed process is taken over (and logged); re-entrant within a process.
+    ``enabled=False`` holds nothing (a distributed run's ranks other than 0)."""
+    directory = Path(directory)
+    if not enabled:
+        yield directory
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(directory)
+    with _held_guard:
+        if key in _held:
+            _held[key][1] += 1
+            reentered = True
+        else:
+            reentered = False
+    if reentered:
+        try:
+            yield directory
+        finally:
+            with _held_guard:
+                _held[key][1] -= 1
+        return
+    fd = os.open(directory / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _describe_holder(fd)
+        os.close(fd)
+        raise RunDirectoryBusy(directory, holder) from None
+    previous = _read_holder(fd)
+    if previous.get("pid") not in (None, os.getpid()):
+        log.warning("%s: took over the writer lock of PID %s, which ended without releasing "
+                    "it (killed)", directory, previous.get("pid"))
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, _holder_record().encode(), 0)
+    with _held_guard:
+        _held[key] = [fd, 1]
+    try:
+        yield directory
+    finally:
+        with _held_guard:
+            _held[key][1] -= 1
+            release = _held[key][1] == 0
+            if release:
+                del _held[key]
+        if release:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)   # an ended run leaves an empty lock file (stable hashes)
+            os.close(fd)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def holds_writer_lock(argument: str) -> Callable[[F], F]:
+    """Decorator: hold :func:`writer_lock` on the directory passed as ``argument`` for the whole
+    call (nothing when it is None). One line on a trainer or a stage function."""
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            directory = bound.arguments[argument]
+            if directory is None:
+                return fn(*args, **kwargs)
+            with writer_lock(directory):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def check_no_other_writer(root: str | Path) -> None:
+    """Raise :class:`RunDirectoryBusy` if a live process other than this one holds the writer
+    lock of ``root`` or of any directory below it (before ``root`` is moved aside)."""
+    root = Path(root)
+    for lock_file in sorted(root.rglob(WRITER_LOCK)):
+        directory = lock_file.parent
+        with _held_guard:
+            if os.path.realpath(directory) in _held:
+                continue
+        try:
+            fd = os.open(lock_file, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirectoryBusy(directory, _describe_holder(fd)) from None
+        finally:
+            os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -236,21 +474,26 @@ def prepare_runs_dir(runs_dir: str | Path, identity: dict[str, Any]) -> Path:
 
     ``identity`` (parameters and the prepared data's manifests) is stored as
     ``runs_dir/identity.json``. DVC keeps run directories (``persist: true``) so that an
-    interrupted stage resumes; this check is what makes that safe.
+    interrupted stage resumes; this check is what makes that safe. Nothing is moved while any
+    run below is being written by another process (:class:`RunDirectoryBusy`); the caller holds
+    the stage's own :func:`writer_lock`.
     """
-    import datetime
-
     runs_dir = Path(runs_dir)
     marker = runs_dir / "identity.json"
     identity = json.loads(json.dumps(identity, sort_keys=True, default=str))
-    if runs_dir.exists() and any(runs_dir.iterdir()) and (
-            not marker.exists() or read_json(marker) != identity):
+    if runs_dir.exists():
+        check_no_other_writer(runs_dir)
+    if runs_dir.exists() and any(p.name != WRITER_LOCK for p in runs_dir.iterdir()) and (
+            not marker.exists() or _read_identity(marker) != identity):
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
         aside = runs_dir.with_name(f"{runs_dir.name}.stale-{stamp}")
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = runs_dir.with_name(f"{runs_dir.name}.stale-{stamp}-{n}")
         runs_dir.rename(aside)
-        import logging
-        logging.getLogger(__name__).warning(
-            "%s was made by another configuration or data: moved aside to %s", runs_dir, aside)
+        log.warning("%s was made by another configuration or data: moved aside to %s",
+                    runs_dir, aside)
     runs_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(marker, identity)
     return runs_dir
@@ -260,6 +503,14 @@ def seed_dir(seed: int) -> str:
     """The folder of a stage's runs trained with ``seed``: ``runs/<corpus>/seed<N>/<run>`` (a
     suite runs once per seed; the analysis pairs runs by the seed in their summaries)."""
     return f"seed{seed}"
+
+
+def _read_identity(marker: Path) -> Any:
+    """The stored identity; a damaged one counts as different (the runs are moved aside)."""
+    try:
+        return read_json(marker)
+    except (DamagedFileError, UnicodeDecodeError, ValueError):
+        return None
 
 
 def collect_runs(runs_dir: str | Path) -> dict[str, Path]:

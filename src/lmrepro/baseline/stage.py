@@ -7,12 +7,14 @@ from pathlib import Path
 
 from lmrepro.baseline.config import BaselineSuite
 from lmrepro.baseline.trainer import train_single
+from lmrepro.data.batches import check_context
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
-from lmrepro.results import (SUMMARY, prepare_runs_dir, read_summary, seed_dir,
-                             write_stage_products)
+from lmrepro.results import (SUMMARY, holds_writer_lock, prepare_runs_dir, read_summary,
+                             seed_dir, write_stage_products)
 
 
+@holds_writer_lock("stage_dir")
 def run_suite(suite: BaselineSuite, model: ModelConfig, seeds: Sequence[int],
               prepared_dir: str | Path, stage_dir: str | Path = "results/baseline",
               progress: bool = True) -> dict[str, dict]:
@@ -21,6 +23,9 @@ def run_suite(suite: BaselineSuite, model: ModelConfig, seeds: Sequence[int],
     one resumes from its checkpoint); write the stage's DVC metrics and plots; return the
     summaries by ``<corpus>/seed<N>/backprop``."""
     stage_dir = Path(stage_dir)
+    splits = {c: load_splits(prepared_dir, c) for c in suite.corpora}
+    for train, val in splits.values():      # every check before prepare_runs_dir moves anything
+        check_context(min(len(train), len(val)), model.context)
     # the seeds are not part of the identity: each run's checkpoint carries its own seed, so
     # adding a seed keeps the finished runs of the others
     prepare_runs_dir(stage_dir / "runs", {
@@ -28,7 +33,7 @@ def run_suite(suite: BaselineSuite, model: ModelConfig, seeds: Sequence[int],
         "data": {c: data_identity(prepared_dir, c) for c in suite.corpora}})
     out, runs = {}, {}
     for corpus in suite.corpora:
-        train, val = load_splits(prepared_dir, corpus)
+        train, val = splits[corpus]
         for seed in seeds:
             label = f"{corpus}/{seed_dir(seed)}/backprop"
             run_dir = stage_dir / "runs" / label

@@ -8,7 +8,10 @@ Resumable: every ``checkpoint_every`` steps the model, the optimizer, the batch 
 and the step are written atomically to ``out_dir/checkpoints/`` (:mod:`lmrepro.results`). A run
 started again with the same arguments continues from there; ``metrics.jsonl`` is cut back to the
 checkpointed step, so a run killed at any point and resumed ends with the same parameters and
-metrics, bit for bit on CPU, as one that was never interrupted.
+metrics, bit for bit on CPU, as one that was never interrupted. A run killed after its last
+checkpoint resumes with nothing left to train and still writes a complete summary: its throughput
+from the training time and its peak memory from the checkpoint. One writer per run directory
+(:func:`lmrepro.results.writer_lock`).
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from lmrepro.baseline.config import BaselineConfig
 from lmrepro.data.batches import check_context, sample_batch
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl, read_jsonl
-from lmrepro.memory import MemorySampler, memory_fields
+from lmrepro.memory import Memory, MemorySampler, memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import weight_decay_groups
-from lmrepro.results import (METRICS, Method, RunSummary, checkpoint, load_checkpoint,
-                             step_time_std, truncate_metrics, write_eval_losses, write_summary)
+from lmrepro.results import (METRICS, Method, RunSummary, checkpoint, holds_writer_lock,
+                             load_checkpoint, step_time_std, truncate_metrics, write_eval_losses,
+                             write_summary)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,7 @@ def run_identity(model_cfg: ModelConfig, settings: BaselineConfig, seed: int, na
             "name": name, "corpus": corpus, "data_bytes": [n_train, n_val]}
 
 
+@holds_writer_lock("out_dir")
 def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: np.ndarray,
                  val_data: np.ndarray, out_dir: str | Path, *, seed: int = 0, corpus: str = "",
                  name: str = "backprop", progress: bool = True) -> dict:
@@ -90,7 +95,7 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
     opt = make_optimizer(model, settings)
     forward = compiled_forward(model, settings)
     gen = torch.Generator().manual_seed(seed)
-    start, elapsed = 0, 0.0
+    start, elapsed, trained_peak = 0, 0.0, Memory()
     identity = run_identity(model_cfg, settings, seed, name, corpus, len(train_data),
                             len(val_data))
     ckpt = load_checkpoint(out_dir, identity)
@@ -99,6 +104,7 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
         opt.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["generator"])
         start, elapsed = int(ckpt["step"]), float(ckpt["elapsed_s"])
+        trained_peak = Memory(**ckpt.get("peak_memory", {}))
         log.info("resuming %s from step %d (%s)", name, start, out_dir)
     truncate_metrics(out_dir, start)
     metrics_path = out_dir / METRICS
@@ -134,14 +140,16 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
                 or done == settings.steps):
             checkpoint(out_dir, done, {"model": model.state_dict(),
                                        "optimizer": opt.state_dict(),
-                                       "generator": gen.get_state(), "elapsed_s": elapsed},
+                                       "generator": gen.get_state(), "elapsed_s": elapsed,
+                                       "peak_memory": sampler.peak.peak(trained_peak).to_dict()},
                        identity)
 
     model.eval()
     losses = evaluate_losses(model, val_data, model_cfg.context, settings.eval_batch_size,
                              settings.eval_batches)
     final_bpb = bits_per_byte(losses)
-    append_jsonl(metrics_path, {"step": settings.steps - 1, "eval_bpb": final_bpb})
+    # logged at step `steps` (after the last checkpoint): a resume from that checkpoint drops it
+    append_jsonl(metrics_path, {"step": settings.steps, "eval_bpb": final_bpb})
     write_eval_losses(out_dir, losses, settings.eval_batch_size, model_cfg.context)
     summary = write_summary(out_dir, RunSummary(
         name=name, method=Method.BACKPROP, corpus=corpus, seed=seed, steps=settings.steps,
@@ -149,8 +157,8 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
         mean_step_time_s=elapsed / settings.steps,
         tokens_per_s=settings.steps * tokens_per_step / max(elapsed, 1e-12),
         train_time_s=elapsed, step_time_std_s=step_time_std(read_jsonl(metrics_path)),
-        **memory_fields(sampler.stop()), n_params=model.num_parameters(), processes=1,
-        threads=settings.threads,
+        **memory_fields(sampler.stop().peak(trained_peak)), n_params=model.num_parameters(),
+        processes=1, threads=settings.threads,
         resumed_from_step=start, executor="backprop",
         config={"model": model_cfg.to_dict(), "settings": settings.to_dict()}))
     log.info("%s done: final %.4f bits/byte, %.0f tokens/s -> %s", name, final_bpb,

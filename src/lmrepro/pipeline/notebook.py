@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_text
+from lmrepro.lifetime import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,8 @@ def run_notebook(notebook: str | Path, reports_dir: str | Path = "reports",
     executed = reports_dir / notebook.name
     html = executed.with_suffix(".html")
     log.info("executing %s -> %s", notebook, html)
-    with tempfile.TemporaryDirectory(dir=reports_dir) as tmp:
+    # outside reports/, removed even after a SIGKILL (by the next run): docs/reliability.md
+    with scratch_dir("notebook") as tmp:
         tmp_nb = Path(tmp) / notebook.name
         papermill.execute_notebook(
             str(notebook), str(tmp_nb), parameters=parameters or {}, kernel_name="python3",

@@ -14,7 +14,15 @@ type or an out-of-range value stops with the key path, the value and what is all
     params.yaml (profile 'default'): train.steps = -3: Input should be greater than 0
 
 Why pydantic: strict, nested, with key paths in its errors; ``extra="forbid"`` turns a typo into
-an error instead of a silently ignored setting.
+an error instead of a silently ignored setting. Strict means no coercion: ``seed: yes`` (a YAML
+boolean), ``tie_embeddings: 'off'`` and ``n_layers: '7'`` (strings) are refused, not read as 1,
+False and 7.
+
+The file itself is read strictly too (:func:`read_params_file`): a key given twice in one mapping
+is refused (PyYAML would silently keep the last one), and a syntax error is one line naming the
+file, the line and the column, e.g.::
+
+    params.yaml:52:3: YAML syntax error: could not find expected ':'
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any, ClassVar
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
+from yaml.constructor import ConstructorError
 
 from lmrepro.baseline.config import BaselineSuite
 from lmrepro.config import Section, config_error, field_error
@@ -95,12 +104,71 @@ def resolve_profile(raw: dict, profile: str | None = None) -> dict:
     return raw
 
 
+class ParamsFileError(ParameterError):
+    """The parameter file is not valid YAML: ``file:line:column: what is wrong``, one line."""
+
+    def __init__(self, path: str | Path, line: int | None, column: int | None, problem: str
+                 ) -> None:
+        self.name, self.value, self.allowed = "params_file", str(path), problem
+        where = str(path) + (f":{line}:{column}" if line is not None else "")
+        ValueError.__init__(self, f"{where}: {problem}")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (plain data only: no tags that construct objects) that refuses a key
+    repeated in one mapping instead of keeping the last value. Merge keys (``<<: *base``) keep
+    their meaning: an explicit key may override a merged one."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:           # an unhashable key: the base class words it
+                    continue
+                if first is not None:
+                    raise ConstructorError(
+                        None, None, f"duplicate key {key!r} (first given at line "
+                        f"{first.line + 1}); YAML would silently keep only the last value: "
+                        "remove one", key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
+
+
+def load_yaml(text: str, path: str | Path) -> Any:
+    """Parse YAML ``text`` with :class:`StrictLoader`; errors are :class:`ParamsFileError`."""
+    loader = StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        problem = " ".join(str(p) for p in (err.problem, f"({err.context})" if err.context
+                                            else None) if p)
+        kind = "" if isinstance(err, ConstructorError) else "YAML syntax error: "
+        raise ParamsFileError(path, mark.line + 1 if mark else None,
+                              mark.column + 1 if mark else None, kind + problem) from None
+    except yaml.YAMLError as err:
+        raise ParamsFileError(path, None, None, f"not valid YAML ({err})") from None
+    finally:
+        loader.dispose()
+
+
 def read_params_file(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a parameter file (clear errors for a missing or non-mapping file)."""
+    """The raw mapping of a parameter file (clear errors for a missing or non-mapping file, a
+    syntax error and a duplicate key)."""
     path = Path(path)
     if not path.exists():
         raise ParameterError("params_file", str(path), "must be an existing YAML file")
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ParamsFileError(path, None, None, f"is not UTF-8 text ({err.reason} at byte "
+                              f"{err.start})") from None
+    raw = load_yaml(text, path)
     if not isinstance(raw, dict):
         raise ParameterError("params_file", str(path), "must hold a YAML mapping at top level")
     return raw

@@ -45,8 +45,10 @@ from lmrepro.data.batches import sample_batch
 from lmrepro.distributed import free_port
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
+from lmrepro.lifetime import die_with_multiprocessing_parent
 from lmrepro.memory import MemorySampler
 from lmrepro.optim.comm import flat_to_grads, grads_to_flat
+from lmrepro.results import holds_writer_lock
 from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
                                 evaluate, load_state, lr_at, make_adamw, make_summary,
                                 micro_batches, run_identity, save_state, set_lr, state_from_bytes,
@@ -105,6 +107,7 @@ def _stage_worker(k: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | No
                   results: Any, stop: Any, finish: Any, fault: tuple[int, int, str] | None
                   ) -> None:
     """Body of stage ``k``'s process; reports ``("ready"|"step"|"state"|"done"|"error", ...)``."""
+    die_with_multiprocessing_parent()      # ends with the run's process (docs/reliability.md)
     try:
         cfg = RGCConfig(**cfg_dict)
         K, M = cfg.n_stages, cfg.micro_batches
@@ -226,6 +229,7 @@ def _mp_context() -> Any:
     return ctx
 
 
+@holds_writer_lock("out_dir")     # one writer per run directory (docs/reliability.md)
 def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
                 out_dir: Path | None = None, corpus: str = "synthetic", name: str | None = None,
                 stop_after: int | None = None, fault: tuple[int, int, str] | None = None,

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from lmrepro.data.stage import data_identity, load_splits
-from lmrepro.results import SUMMARY, prepare_runs_dir, read_run, seed_dir, write_stage_products
+from lmrepro.results import (SUMMARY, holds_writer_lock, prepare_runs_dir, read_run, seed_dir,
+                             write_stage_products)
+from lmrepro.rgc.common import check_data
 from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor
 from lmrepro.rgc.runner import train
 
@@ -37,18 +39,23 @@ def run_executors(train_data: np.ndarray, val_data: np.ndarray, corpus: str,
     return summaries
 
 
+@holds_writer_lock("stage_dir")
 def run_suite(suite: RGCSuite, seeds: Sequence[int], prepared_dir: str | Path,
               stage_dir: str | Path = "results/rgc") -> dict[str, Path]:
     """The ``rgc:`` section's executors on each of its corpora, once per seed into
     ``runs/<corpus>/seed<N>/<run>``; DVC metrics and plots."""
     stage_dir = Path(stage_dir)
+    splits = {c: load_splits(prepared_dir, c) for c in suite.corpora}
+    for corpus, (train_data, val_data) in splits.items():   # every check before any move
+        check_data(f"{corpus} train split", np.asarray(train_data), suite.context)
+        check_data(f"{corpus} val split", np.asarray(val_data), suite.context)
     # seeds are not part of the identity: adding one keeps the other seeds' finished runs
     prepare_runs_dir(stage_dir / "runs", {
         "rgc": suite.to_dict(),
         "data": {c: data_identity(prepared_dir, c) for c in suite.corpora}})
     out: dict[str, Path] = {}
     for corpus in suite.corpora:
-        train_data, val_data = load_splits(prepared_dir, corpus)
+        train_data, val_data = splits[corpus]
         log.info("RGC suite %s x seeds %s on %s -> %s", list(suite.executors), list(seeds),
                  corpus, stage_dir / "runs" / corpus)
         for seed in seeds:

@@ -19,6 +19,7 @@ import torch
 from lmrepro.data.batches import sample_batch
 from lmrepro.evaluation import bits_per_byte
 from lmrepro.memory import MemorySampler
+from lmrepro.results import holds_writer_lock
 from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
                                 evaluate, load_state, lr_at, make_adamw, make_summary,
                                 micro_batches, run_identity, save_state, set_lr)
@@ -40,6 +41,7 @@ def make_optimizers(model: torch.nn.Module, cfg: RGCConfig, executor: str
     return opts
 
 
+@holds_writer_lock("out_dir")     # one writer per run directory (docs/reliability.md)
 def train_single_process(cfg: RGCConfig, executor: str, train_data: np.ndarray,
                          val_data: np.ndarray, out_dir: Path | None = None,
                          corpus: str = "synthetic", name: str | None = None,

@@ -43,6 +43,9 @@ def worker_argv(cfg: ScapeConfig, run: ScapeRun, model: ModelConfig, corpus_dir:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lmrepro.lifetime import die_with_torchrun_agent
+
+    die_with_torchrun_agent()      # a worker ends with its agent (docs/reliability.md)
     from lmrepro.distributed import DistributedFailure
     from lmrepro.scape.trainer import RunTarget, train
 

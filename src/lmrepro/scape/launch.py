@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from lmrepro.errors import check
+from lmrepro.lifetime import guarded_command
 from lmrepro.model import ModelConfig
 from lmrepro.results import SUMMARY
 from lmrepro.scape.cli import worker_argv
@@ -74,8 +75,9 @@ def launch_train_scape(corpus_dir: str | os.PathLike, out_dir: str | os.PathLike
     with open(log_path, "ab") as log:
         log.write(("\n$ " + " ".join(cmd) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                                start_new_session=True)
+        # guarded: torchrun (own session) dies with this process (docs/reliability.md)
+        proc = subprocess.Popen(guarded_command(cmd), stdout=log, stderr=subprocess.STDOUT,
+                                env=full_env, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_s)
         except BaseException:

@@ -6,15 +6,17 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from lmrepro.data.stage import data_identity
+from lmrepro.data.batches import check_context
+from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
-from lmrepro.results import prepare_runs_dir, seed_dir, write_stage_products
+from lmrepro.results import holds_writer_lock, prepare_runs_dir, seed_dir, write_stage_products
 from lmrepro.scape.config import ScapeSuite
 from lmrepro.scape.launch import run_scape_suite
 
 log = logging.getLogger(__name__)
 
 
+@holds_writer_lock("stage_dir")
 def run_suite(suite: ScapeSuite, model: ModelConfig, seeds: Sequence[int],
               prepared_dir: str | Path, stage_dir: str | Path = "results/scape"
               ) -> dict[str, Path]:
@@ -23,6 +25,8 @@ def run_suite(suite: ScapeSuite, model: ModelConfig, seeds: Sequence[int],
     the section overrides it. Writes the DVC metrics and plots."""
     stage_dir = Path(stage_dir)
     model = suite.model or model
+    train, val = load_splits(prepared_dir, suite.corpus)   # every check before any move
+    check_context(min(len(train), len(val)), model.context)
     # seeds are not part of the identity: adding one keeps the other seeds' finished runs
     prepare_runs_dir(stage_dir / "runs", {"model": model.to_dict(), "scape": suite.to_dict(),
                                           "data": data_identity(prepared_dir, suite.corpus)})

@@ -44,7 +44,7 @@ from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import SCAPE, AdamS, DenseDP, TopKEF, weight_decay_groups
 from lmrepro.results import (METRICS, SUMMARY, Method, RunSummary, load_checkpoint, mean_bytes,
                              publish_checkpoint, save_checkpoint, step_time_std,
-                             truncate_metrics, write_eval_losses, write_summary)
+                             truncate_metrics, write_eval_losses, write_summary, writer_lock)
 from lmrepro.scape.config import RESUME_FREE, ScapeConfig, ScapeRun
 
 FINAL_MODEL = "model_final.pt"
@@ -142,7 +142,8 @@ def train(cfg: ScapeConfig, run: ScapeRun, model_cfg: ModelConfig, target: RunTa
     """Run (or resume, or skip if finished) one distributed training run; returns the run dir."""
     ctx = init_from_env(cfg.timeout_s, cfg.device)
     try:
-        return _train(cfg, run, model_cfg, target, ctx)
+        with writer_lock(target.out, enabled=ctx.is_main):   # one writer: rank 0 holds it
+            return _train(cfg, run, model_cfg, target, ctx)
     except DistributedFailure as exc:
         report_failure(ctx, exc)
         raise
