@@ -753,7 +753,8 @@ def _variant(tmp_path: Path, mutate) -> Path:
 
 
 LAX = [
-    ("seed: yes", lambda r: r.__setitem__("seed", True), "seed = True: must be a valid integer"),
+    ("seeds: [yes]", lambda r: r.__setitem__("seeds", [True]),
+     "seeds.0 = True: must be a valid integer"),
     ("tie_embeddings: 'off'", lambda r: r["model"].__setitem__("tie_embeddings", "off"),
      "model.tie_embeddings = 'off': must be a valid boolean"),
     ("n_layers: '7'", lambda r: r["model"].__setitem__("n_layers", "7"),
