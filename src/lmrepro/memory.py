@@ -81,28 +81,45 @@ def process_memory(proc: psutil.Process) -> tuple[Memory, bool]:
         return Memory(rss, rss, rss), True
 
 
-def tree_memory(proc: psutil.Process | None = None, exclude_pids: set[int] | None = None
-                ) -> tuple[Memory, bool]:
-    """Memory of ``proc`` (default: this process) plus every live descendant.
-    ``exclude_pids`` leaves out those processes themselves (not their descendants)."""
+def tree_processes(proc: psutil.Process | None = None, exclude_pids: set[int] | None = None
+                   ) -> list[psutil.Process]:
+    """``proc`` (default: this process) and every live descendant, without ``exclude_pids``
+    (those processes themselves are left out, not their descendants)."""
     proc = proc or psutil.Process()
     exclude = exclude_pids or set()
-    total, approximate = Memory(), False
-    for p in [proc, *proc.children(recursive=True)]:
-        if p.pid in exclude:
-            continue
+    try:
+        children = proc.children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        children = []
+    return [p for p in [proc, *children] if p.pid not in exclude]
+
+
+def _sum_memory(procs: list[psutil.Process]) -> tuple[Memory, bool, int]:
+    """``(memory, approximate, processes counted)`` over ``procs`` (vanished ones skipped)."""
+    total, approximate, counted = Memory(), False, 0
+    for p in procs:
         try:
             mem, approx = process_memory(p)
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             continue
-        total, approximate = total + mem, approximate or approx
+        total, approximate, counted = total + mem, approximate or approx, counted + 1
+    return total, approximate, counted
+
+
+def tree_memory(proc: psutil.Process | None = None, exclude_pids: set[int] | None = None
+                ) -> tuple[Memory, bool]:
+    """Memory of ``proc`` (default: this process) plus every live descendant.
+    ``exclude_pids`` leaves out those processes themselves (not their descendants)."""
+    total, approximate, _ = _sum_memory(tree_processes(proc, exclude_pids))
     return total, approximate
 
 
 class MemorySampler:
     """Context manager: ``with MemorySampler() as s: ...; s.peak`` (a :class:`Memory`).
 
-    ``children=False`` measures this process only (one data-parallel worker of many)."""
+    ``children=False`` measures this process only (one data-parallel worker of many).
+    ``max_processes`` is the largest number of processes one sample counted (e.g. 1 + W for an
+    async RGC run of W workers: the multiprocessing helpers are not counted)."""
 
     def __init__(self, interval_s: float = 0.1, children: bool = True) -> None:
         self.interval_s = interval_s
@@ -110,6 +127,7 @@ class MemorySampler:
         self.peak = Memory()
         self.approximate = False
         self.samples = 0
+        self.max_processes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._proc = psutil.Process()
@@ -121,9 +139,11 @@ class MemorySampler:
 
     def sample(self) -> Memory:
         if self.children:
-            mem, approx = tree_memory(self._proc, multiprocessing_helper_pids())
+            procs = tree_processes(self._proc, multiprocessing_helper_pids())
+            mem, approx, counted = _sum_memory(procs)
         else:
-            mem, approx = process_memory(self._proc)
+            (mem, approx), counted = process_memory(self._proc), 1
+        self.max_processes = max(self.max_processes, counted)
         self.peak = self.peak.peak(mem)
         self.approximate = self.approximate or approx
         self.samples += 1
