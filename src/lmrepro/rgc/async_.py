@@ -17,10 +17,10 @@ Data flow of one step (:class:`WorkerStages` is one worker's compute):
   the sync executor) and splits it into micro-batches;
 * forward phase, per micro-batch: each stage runs its blocks on its input (a fresh leaf: the
   received activation, detached), the worker sends the activation of its last stage
-  ``(h.detach().clone(), y)`` to the next worker *before* any backward work, so the next worker
-  starts at once; then each stage reads out through its decoder replica (local loss, readout
-  gradient) and, when no gradient will come back to it (H = 1, or the last stage), backpropagates
-  through its blocks at once and frees the graph;
+  ``(h.detach().clone(), y)`` to the next worker *before* any readout or backward work, so the
+  next worker starts at once; then each stage reads out through its decoder replica (local
+  loss, readout gradient) and, when no gradient will come back to it (H = 1, or the last stage),
+  backpropagates through its blocks at once and frees the graph;
 * backward phase (H > 1 only), per micro-batch in order: a worker receives from the next
   worker the gradients w.r.t. its last stage's output, grouped by the stage where each stops
   (:func:`lmrepro.rgc.stages.stage_backward`), adds its stages' own readout gradients,
@@ -105,12 +105,14 @@ class _Channels:
 
     def __init__(self, w: int, stop: Any, timeout_s: float, status: Any) -> None:
         self.w, self.stop, self.timeout_s, self.status = w, stop, timeout_s, status
+        self.waited_s = 0.0   # time spent in get/put, i.e. waiting on a neighbour or the queue
 
     def _waiting(self, kind: int, peer: int) -> None:
         self.status[2 * self.w + 1] = peer
         self.status[2 * self.w] = kind
 
     def get(self, q: Any, what: str, sender: int) -> Any:
+        t0 = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
         self._waiting(self.RECEIVING, sender)
         try:
@@ -126,8 +128,10 @@ class _Channels:
                                           sender) from None
         finally:
             self._waiting(self.COMPUTING, -1)
+            self.waited_s += time.perf_counter() - t0
 
     def put(self, q: Any, item: Any, what: str, receiver: int) -> None:
+        t0 = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
         self._waiting(self.SENDING, receiver)
         try:
@@ -144,6 +148,31 @@ class _Channels:
                                           "alive?", receiver) from None
         finally:
             self._waiting(self.COMPUTING, -1)
+            self.waited_s += time.perf_counter() - t0
+
+
+def _to_wire(obj: Any) -> Any:
+    """Tensors (in a tuple or a dict) as numpy copies, which a queue pickles by value through
+    its pipe: measured here faster than torch's shared-memory hand-over (one shared-memory
+    segment and file descriptor per tensor, docs/rgc.md), and the copy is the "activation copy"
+    the executor keeps apart from the sender's graph."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().numpy().copy()
+    if isinstance(obj, tuple):
+        return tuple(_to_wire(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _to_wire(v) for k, v in obj.items()}
+    return obj
+
+
+def _from_wire(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj)
+    if isinstance(obj, tuple):
+        return tuple(_from_wire(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _from_wire(v) for k, v in obj.items()}
+    return obj
 
 
 def _stalled_stage(status: Any, placement: list[list[int]], peer: int) -> tuple[int, list[int]]:
@@ -203,23 +232,30 @@ class WorkerStages:
     def forward(self, m: int, x: torch.Tensor, y: torch.Tensor,
                 send: Callable[[torch.Tensor], None] | None = None) -> list[float]:
         """Micro-batch ``m``: ``x`` is the byte ids (stage 0) or the previous stage's
-        activation. Returns the local losses (nats) of this worker's stages."""
-        losses = []
+        activation. Runs the blocks of every stage of this worker first, hands the last one's
+        activation to ``send`` (so the next worker starts as early as possible: the pipeline's
+        fill is the blocks' forward alone), then reads each stage out. Returns the local losses
+        (nats) of this worker's stages."""
+        inputs, outputs = [], []
         h = x
         for k in self.stages:
             self.current_stage = k
             inp = h if k == 0 else h.detach().requires_grad_(self.cfg.horizon > 1)
             h = run_stage(self.model, self.bounds, k, inp)  # type: ignore[arg-type]
-            if k == self.stages[-1] and send is not None:
-                send(h)
+            inputs.append(None if k == 0 else inp)
+            outputs.append(h)
+        if send is not None:
+            send(h)
+        losses = []
+        for k, inp, h in zip(self.stages, inputs, outputs):
+            self.current_stage = k
             loss, g_own = readout_backward(self.model, h, y, self.scale)  # type: ignore[arg-type]
             losses.append(loss)
             own = {window_bottom(k, self.cfg.horizon): g_own}
             if self.waits_for_gradient(k):
-                self._kept[(k, m)] = (None if k == 0 else inp, h, own)
+                self._kept[(k, m)] = (inp, h, own)
             else:
-                self._done[(k, m)] = stage_backward(k, h, None if k == 0 else inp,
-                                                    self.params[k], own)
+                self._done[(k, m)] = stage_backward(k, h, inp, self.params[k], own)
         return losses
 
     def backward(self, m: int, incoming: dict[int, torch.Tensor],
@@ -310,6 +346,7 @@ def _stage_worker(w: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | No
         link = _Channels(w, stop, tmo, status)
         for step in range(start, stop_step):
             t0 = time.perf_counter()
+            waited0 = link.waited_s
             runner.current_stage = first
             _inject(fault, stages, step, "start", tmo)
             set_lr([*opts.values(), opt_dec], lr_at(cfg, step))
@@ -323,12 +360,13 @@ def _stage_worker(w: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | No
                 if first == 0:
                     inp, ym = micro[m]
                 else:
-                    inp, ym = link.get(queues["fwd_in"], f"step {step} micro-batch {m} "
-                                       f"activations from stage {first - 1}", first - 1)
+                    inp, ym = _from_wire(link.get(
+                        queues["fwd_in"], f"step {step} micro-batch {m} activations from stage "
+                        f"{first - 1}", first - 1))
 
                 def send(h: torch.Tensor, m: int = m, ym: torch.Tensor = ym,
                          step: int = step) -> None:
-                    link.put(queues["fwd_out"], (h.detach().clone(), ym),
+                    link.put(queues["fwd_out"], _to_wire((h, ym)),
                              f"step {step} micro-batch {m} activations to stage {last + 1}",
                              last + 1)
 
@@ -337,16 +375,20 @@ def _stage_worker(w: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | No
             if cfg.horizon > 1:
                 for m in range(M):
                     runner.current_stage = last
-                    incoming = link.get(queues["bwd_in"], f"step {step} micro-batch {m} "
-                                        f"gradient from stage {last + 1}", last + 1) \
-                        if runner.receives_gradients else {}
+                    incoming = _from_wire(link.get(
+                        queues["bwd_in"], f"step {step} micro-batch {m} gradient from stage "
+                        f"{last + 1}", last + 1)) if runner.receives_gradients else {}
                     out = runner.backward(m, incoming, None if m else (
                         lambda k, step=step: _inject(fault, [k], step, "backward", tmo)))
                     if runner.sends_gradients:
-                        link.put(queues["bwd_out"], out, f"step {step} micro-batch {m} "
+                        link.put(queues["bwd_out"], _to_wire(out), f"step {step} micro-batch {m} "
                                  f"gradient to stage {first - 1}", first - 1)
             runner.finish_step()
             runner.current_stage = first
+            # the stages' own updates need no consensus: done while slower workers finish
+            for opt in opts.values():
+                opt.step()
+            t_consensus = time.perf_counter()
             flat = grads_to_flat(dec, torch.empty(n_dec))
             if cfg.consensus_staleness == 0:
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM)
@@ -355,14 +397,17 @@ def _stage_worker(w: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | No
                 work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
                 consensus.push(flat, finish=lambda work=work, flat=flat: (work.wait(),
                                                                            flat.div_(K)))
-            for opt in opts.values():
-                opt.step()
-            if consensus.pop_into_grads():
+            applied = consensus.pop_into_grads()
+            t_consensus = time.perf_counter() - t_consensus
+            if applied:
                 opt_dec.step()
             done = step + 1
             per_stage = np.mean(np.array(losses), axis=0)
+            # where the step's time went: waiting on the queues, in the consensus (the all-reduce,
+            # i.e. waiting for the slowest worker), the rest computing
             results.put(("step", w, step, {k: float(v) for k, v in zip(stages, per_stage)},
-                         time.perf_counter() - t0))
+                         time.perf_counter() - t0,
+                         {"wait_s": link.waited_s - waited0, "consensus_s": t_consensus}))
             want_state = done == stop_step or (
                 cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or (
                 cfg.eval_every and done % cfg.eval_every == 0)
@@ -467,7 +512,7 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
     ready = 0
     done_workers = 0
     step_reports: dict[int, dict[int, float]] = {}
-    step_workers: dict[int, int] = {}
+    step_timing: dict[int, dict[int, dict[str, float]]] = {}
     states: dict[int, dict[int, dict]] = {}
     final_parts: dict[int, dict] | None = None
     clock = Clock()
@@ -501,17 +546,21 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
                     clock.start()
                     last_t = time.perf_counter()
             elif kind == "step":
-                step, losses = msg[2], msg[3]
+                step, losses, timing = msg[2], msg[3], msg[5]
                 step_reports.setdefault(step, {}).update(losses)
-                step_workers[step] = step_workers.get(step, 0) + 1
-                if step_workers[step] == W:
+                step_timing.setdefault(step, {})[w] = timing
+                if len(step_timing[step]) == W:
                     now = time.perf_counter()
                     stage_losses = [step_reports[step][k] for k in range(K)]
+                    timings = step_timing.pop(step)
                     rec.log({"step": step, "loss": stage_losses[-1],
                              "stage_losses": stage_losses, "lr": lr_at(cfg, step),
-                             "step_time_s": now - last_t})
+                             "step_time_s": now - last_t,
+                             "worker_wait_s": [timings[v]["wait_s"] for v in range(W)],
+                             "worker_consensus_s": [timings[v]["consensus_s"]
+                                                    for v in range(W)]})
                     last_t = now
-                    del step_reports[step], step_workers[step]
+                    del step_reports[step]
             elif kind == "state":
                 done_step = msg[2]
                 states.setdefault(done_step, {})[w] = state_from_bytes(msg[3])
