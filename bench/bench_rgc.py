@@ -21,9 +21,12 @@ how much of async's extra memory is torch runtimes (:func:`lmrepro.rgc.report.me
 The model is the default profile's ``rgc:`` section (``params.yaml``), with ``--steps`` steps.
 
     flock /tmp/lmrepro-heavy.lock python bench/bench_rgc.py          # ~6 minutes on 2 cores
-    python bench/bench_rgc.py --threads-vs-processes                # the design measurement
+    flock /tmp/lmrepro-heavy.lock python bench/bench_rgc.py --design   # ~1 minute
 
-Writes ``bench/results/rgc.json``; ``bench/make_performance_doc.py`` renders it.
+Writes ``bench/results/rgc.json`` (``--design``: ``bench/results/rgc_design.json``, the
+measurements behind the executor's design: threads or processes, how activations cross between
+processes, what reading PSS costs); ``bench/make_performance_doc.py`` renders them into
+docs/performance.md and docs/rgc.md.
 """
 
 from __future__ import annotations
@@ -479,6 +482,74 @@ def threads_vs_processes(n: int = 15) -> dict:
     return res
 
 
+def _handover_consumer(q: Any, r: Any, n: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    r.put("ready")
+    t = 0.0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        x, y = q.get()
+        if isinstance(x, np.ndarray):
+            x, y = torch.from_numpy(x), torch.from_numpy(y)
+        t += time.perf_counter() - t0
+    r.put(t / n)
+
+
+def queue_handover(shape: tuple[int, ...] = (4, 128, 128), n: int = 300, repeats: int = 3
+                   ) -> dict[str, Any]:
+    """Seconds per item of an (activation, targets) pair sent through a bounded
+    ``torch.multiprocessing`` queue to a forkserver child: as torch tensors (shared memory, one
+    segment and file descriptor per tensor) or as numpy copies (pickled by value through the
+    pipe, as the executor does). Median over ``repeats`` of the mean over ``n`` items."""
+    import torch
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    h = torch.randn(*shape)
+    y = torch.zeros(shape[0], shape[1], dtype=torch.long)
+    out: dict[str, Any] = {"shape": list(shape), "items": n}
+    for mode in ("shared_memory_tensors", "numpy_by_value"):
+        per_item, get_s = [], []
+        for _ in range(repeats):
+            q, r = ctx.Queue(maxsize=2), ctx.Queue()
+            p = ctx.Process(target=_handover_consumer, args=(q, r, n))
+            p.start()
+            r.get()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                if mode == "shared_memory_tensors":
+                    q.put((h.detach().clone(), y.clone()))
+                else:
+                    q.put((h.detach().numpy().copy(), y.numpy()))
+            get_s.append(r.get())
+            per_item.append((time.perf_counter() - t0) / n)
+            p.join()
+        out[mode] = {"per_item_s": statistics.median(per_item),
+                     "consumer_get_s": statistics.median(get_s)}
+    return out
+
+
+def sampling_cost(n: int = 50) -> dict[str, float]:
+    """Seconds to read one process's memory: RSS (``/proc/<pid>/statm``) against RSS, PSS and
+    USS (``smaps_rollup``), on this process with torch loaded (the memory sampler's two reads)."""
+    import psutil
+    import torch
+
+    torch.ones(8) @ torch.ones(8)
+    me = psutil.Process()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        me.memory_info()
+    rss = (time.perf_counter() - t0) / n
+    t0 = time.perf_counter()
+    for _ in range(n):
+        me.memory_full_info()
+    return {"rss_read_s": rss, "pss_uss_read_s": (time.perf_counter() - t0) / n,
+            "process_rss_bytes": int(me.memory_info().rss)}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--one":
@@ -497,11 +568,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-layers", type=int, default=None, help="override the model depth")
     ap.add_argument("--quick", action="store_true", help="only the default async variant")
     ap.add_argument("--json-out", default=str(DEFAULT_OUT))
-    ap.add_argument("--threads-vs-processes", action="store_true",
-                    help="only run the threads-vs-processes measurement")
+    ap.add_argument("--design", "--threads-vs-processes", dest="threads_vs_processes",
+                    action="store_true", help="only the design measurements: threads or "
+                    "processes, queue hand-over, memory-sampling cost (rgc_design.json)")
     args = ap.parse_args(argv)
     if args.threads_vs_processes:
-        print(json.dumps(threads_vs_processes(), indent=2))
+        from lmrepro.bench.machine import machine_info
+
+        from lmrepro.bench.machine import load_average
+
+        load_start = load_average()
+        res = {"benchmark": "rgc_design", "machine": machine_info(),
+               "result": threads_vs_processes(), "queue_handover": queue_handover(),
+               "sampling": sampling_cost(), "loadavg_start": load_start,
+               "loadavg_end": load_average()}
+        print(json.dumps({k: v for k, v in res.items() if k != "machine"}, indent=2))
+        out = Path(args.json_out if args.json_out != str(DEFAULT_OUT) else
+                   DEFAULT_OUT.with_name("rgc_design.json"))
+        out.write_text(json.dumps(res, indent=2) + "\n")
+        print(f"wrote {out}")
         return 0
     return main_bench(args)
 

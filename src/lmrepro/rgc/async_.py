@@ -60,6 +60,7 @@ from lmrepro.distributed import free_port
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
 from lmrepro.memory import MemorySampler
+from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import grads_to_flat
 from lmrepro.rgc.common import (Clock, ConsensusQueue, Recorder, TrainResult, batch_generator,
                                 build_model, evaluate, load_state, lr_at, make_adamw,
@@ -207,10 +208,10 @@ class WorkerStages:
     error reports.
     """
 
-    def __init__(self, model: torch.nn.Module, cfg: RGCConfig, stages: list[int]) -> None:
+    def __init__(self, model: ByteTransformer, cfg: RGCConfig, stages: list[int]) -> None:
         self.model, self.cfg, self.stages = model, cfg, list(stages)
         self.bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
-        self.params = {k: stage_parameters(model, self.bounds, k) for k in self.stages}  # type: ignore[arg-type]
+        self.params = {k: stage_parameters(model, self.bounds, k) for k in self.stages}
         self.scale = 1.0 / cfg.micro_batches
         self.current_stage = self.stages[0]
         self._kept: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor,
@@ -241,7 +242,7 @@ class WorkerStages:
         for k in self.stages:
             self.current_stage = k
             inp = h if k == 0 else h.detach().requires_grad_(self.cfg.horizon > 1)
-            h = run_stage(self.model, self.bounds, k, inp)  # type: ignore[arg-type]
+            h = run_stage(self.model, self.bounds, k, inp)
             inputs.append(None if k == 0 else inp)
             outputs.append(h)
         if send is not None:
@@ -249,7 +250,7 @@ class WorkerStages:
         losses = []
         for k, inp, h in zip(self.stages, inputs, outputs):
             self.current_stage = k
-            loss, g_own = readout_backward(self.model, h, y, self.scale)  # type: ignore[arg-type]
+            loss, g_own = readout_backward(self.model, h, y, self.scale)
             losses.append(loss)
             own = {window_bottom(k, self.cfg.horizon): g_own}
             if self.waits_for_gradient(k):
