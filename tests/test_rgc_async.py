@@ -162,6 +162,10 @@ def test_memory_counts_every_worker_and_no_multiprocessing_helper() -> None:
     s = r.summary
     assert 0 < s["peak_uss_bytes"] <= s["peak_pss_bytes"] <= s["peak_rss_bytes"]
     assert s["idle_torch_process"]["rss"] > 0
+    # the workers' runtimes, measured when they had started and held no model yet: a part of
+    # the tree's peak, more than nothing (each worker is a torch process)
+    runtimes = details["worker_runtimes_memory"]
+    assert 0 < runtimes["pss"] < s["peak_pss_bytes"] and runtimes["rss"] > 50 * 2**20
 
 
 @pytest.mark.parametrize("kind, needle", [

@@ -27,8 +27,15 @@ def test_memory_split_charges_each_extra_process_one_idle_runtime() -> None:
     b = summary("backprop", "backprop", rss=400, pss=350, processes=1)
     split = memory_split(a, b)
     assert split["extra_processes"] == 2 and split["pss_ratio"] == pytest.approx(600 / 350)
-    assert split["runtimes_bytes"] == 2 * 100 * MIB          # 2 extra processes x idle USS
-    assert split["data_bytes"] == (600 - 350 - 200) * MIB
+    # without the executor's measurement: 2 extra processes x the idle torch process's USS
+    assert split["runtimes_bytes"] == split["idle_runtimes_bytes"] == 2 * 100 * MIB
+    assert split["data_bytes"] == (600 - 350 - 200) * MIB and not split["runtimes_measured"]
+    a_measured = {**a, "details": {**a["details"], "worker_runtimes_memory":
+                                   {"rss": 500 * MIB, "pss": 150 * MIB, "uss": 10 * MIB}}}
+    split = memory_split(a_measured, b)
+    assert split["runtimes_measured"] and split["runtimes_bytes"] == 150 * MIB
+    assert split["data_bytes"] == (600 - 350 - 150) * MIB
+    split = memory_split(a, b)
     assert split["rss_ratio"] == pytest.approx(900 / 400)
     assert math.isclose(split["runtimes_share"], 200 / 250)
     table = memory_split_table({"a": a, "b": b})

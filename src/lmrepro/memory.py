@@ -44,6 +44,9 @@ class Memory:
     def __add__(self, other: Memory) -> Memory:
         return Memory(self.rss + other.rss, self.pss + other.pss, self.uss + other.uss)
 
+    def __sub__(self, other: Memory) -> Memory:
+        return Memory(self.rss - other.rss, self.pss - other.pss, self.uss - other.uss)
+
     def peak(self, other: Memory) -> Memory:
         """The larger of each kind."""
         return Memory(max(self.rss, other.rss), max(self.pss, other.pss),
@@ -138,6 +141,7 @@ class MemorySampler:
         self._full_rss_high = 0
         self._last_full = -float("inf")
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._proc = psutil.Process()
 
@@ -152,8 +156,14 @@ class MemorySampler:
         return [self._proc]
 
     def sample(self) -> Memory:
-        """A full sample (RSS, PSS, USS) of the tree now; updates the peaks."""
+        """A full sample (RSS, PSS, USS) of the tree now; updates the peaks. Safe to call while
+        the sampling thread runs."""
         mem, approx, counted = _sum_memory(self._processes())
+        with self._lock:
+            self._record_full(mem, approx, counted)
+        return mem
+
+    def _record_full(self, mem: Memory, approx: bool, counted: int) -> None:
         self.max_processes = max(self.max_processes, counted)
         self.peak = self.peak.peak(mem)
         self.approximate = self.approximate or approx
@@ -161,7 +171,6 @@ class MemorySampler:
         self.full_samples += 1
         self._full_rss_high = max(self._full_rss_high, mem.rss)
         self._last_full = time.monotonic()
-        return mem
 
     def _tick(self) -> None:
         """The RSS now; a full sample when it is a new high or the last one is old."""
@@ -177,9 +186,10 @@ class MemorySampler:
                 time.monotonic() - self._last_full >= self.full_interval_s:
             self.sample()
             return
-        self.max_processes = max(self.max_processes, counted)
-        self.peak = Memory(max(self.peak.rss, rss), self.peak.pss, self.peak.uss)
-        self.samples += 1
+        with self._lock:
+            self.max_processes = max(self.max_processes, counted)
+            self.peak = Memory(max(self.peak.rss, rss), self.peak.pss, self.peak.uss)
+            self.samples += 1
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -59,7 +59,7 @@ from lmrepro.data.batches import sample_batch
 from lmrepro.distributed import free_port
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
-from lmrepro.memory import MemorySampler
+from lmrepro.memory import Memory, MemorySampler
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import grads_to_flat
 from lmrepro.rgc.common import (Clock, ConsensusQueue, Recorder, TrainResult, batch_generator,
@@ -303,7 +303,7 @@ def _inject(fault: tuple[int, int, str] | None, stages: list[int], step: int, ph
 
 def _stage_worker(w: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | None,
                   stop_step: int, train_data: np.ndarray | None, queues: dict[str, Any],
-                  results: Any, stop: Any, finish: Any, status: Any,
+                  results: Any, stop: Any, finish: Any, go: Any, status: Any,
                   fault: tuple[int, int, str] | None) -> None:
     """Body of worker ``w``'s process; reports ``("ready"|"step"|"state"|"done"|"error", w,
     ...)`` to the parent."""
@@ -318,6 +318,11 @@ def _stage_worker(w: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | No
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=w, world_size=W,
             timeout=datetime.timedelta(seconds=cfg.worker_timeout_s))
+        # the parent measures the tree now, with every worker's runtime up and no data yet
+        results.put(("started", w))
+        if not go.wait(timeout=cfg.worker_timeout_s):
+            raise TimeoutError(f"the parent did not start the run within "
+                               f"{cfg.worker_timeout_s:.0f} s (rgc.worker_timeout_s)")
         model = build_model(cfg, seed)
         model.train()
         runner = WorkerStages(model, cfg, stages)
@@ -492,8 +497,9 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
     fwd = [ctx.Queue(maxsize=cfg.queue_size) for _ in range(W - 1)]
     bwd = [ctx.Queue(maxsize=cfg.queue_size) for _ in range(W - 1)] if cfg.horizon > 1 else []
     results = ctx.Queue()
-    stop, finish = ctx.Event(), ctx.Event()
+    stop, finish, go = ctx.Event(), ctx.Event(), ctx.Event()
     status = ctx.Array("i", 2 * W, lock=False)  # per worker: (what it waits for, on which stage)
+    before_workers = sampler.sample()
     port = free_port()
     procs = []
     cfg_dict = {n: getattr(cfg, n) for n in RGCConfig.model_fields}
@@ -505,12 +511,13 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
         p = ctx.Process(
             target=_stage_worker, name=f"rgc-worker-{w}",
             args=(w, cfg_dict, seed, port, ck_bytes, end, train_data if w == 0 else None,
-                  queues, results, stop, finish, status, fault),
+                  queues, results, stop, finish, go, status, fault),
             daemon=True)
         p.start()
         procs.append(p)
     placement = cfg.placement
-    ready = 0
+    ready = started = 0
+    runtimes = Memory()
     done_workers = 0
     step_reports: dict[int, dict[int, float]] = {}
     step_timing: dict[int, dict[int, dict[str, float]]] = {}
@@ -541,7 +548,12 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
             kind, w = msg[0], msg[1]
             if kind == "error":
                 raise _failure(msg, status, placement, cfg.worker_timeout_s)
-            if kind == "ready":
+            if kind == "started":
+                started += 1
+                if started == W:
+                    runtimes = sampler.sample() - before_workers
+                    go.set()
+            elif kind == "ready":
                 ready += 1
                 if ready == W:
                     clock.start()
@@ -595,7 +607,8 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
     peak = sampler.stop()
     summary = rec.finish(cfg, make_summary(cfg, "async", name, corpus, seed, eval_losses, peak,
                                            template.num_parameters(), rec.records, start,
-                                           clock.total, sampler.max_processes), eval_losses)
+                                           clock.total, sampler.max_processes,
+                                           runtimes), eval_losses)
     return TrainResult("async", summary["tokens_per_s"], peak.rss, summary["final_bpb"],
                        eval_losses, summary, rec.records, final_state, out_dir)
 

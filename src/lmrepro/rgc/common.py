@@ -235,7 +235,8 @@ class Recorder:
 
 def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, seed: int,
                  eval_losses: list[float], peak: Memory, n_params: int, records: list[dict],
-                 start_step: int, train_time_s: float, memory_processes: int = 1) -> dict:
+                 start_step: int, train_time_s: float, memory_processes: int = 1,
+                 worker_runtimes: Memory | None = None) -> dict:
     """The run's :class:`RunSummary` fields. Throughput counts the steps this invocation trained
     over its training time; a resume with nothing left to train reports the recorded step times
     of the invocations that trained it (``metrics.jsonl``)."""
@@ -267,7 +268,11 @@ def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, s
                     "cores_declared": cfg.cores, "machine_cores": os.cpu_count(),
                     "oversubscribed": (cfg.async_threads if is_async
                                        else cfg.single_process_threads) > (os.cpu_count() or 1),
-                    "memory_processes": memory_processes},
+                    "memory_processes": memory_processes,
+                    # async: what the tree grew by when the workers had started, before any
+                    # model or data existed in them (their torch runtimes, gloo included)
+                    "worker_runtimes_memory": worker_runtimes.to_dict()
+                    if worker_runtimes is not None else None},
         "config": cfg.to_dict(),
     }
 

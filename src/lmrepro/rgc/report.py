@@ -30,12 +30,16 @@ GIB = 2**30
 def memory_split(candidate: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
     """Peak PSS of ``candidate`` (an async run's summary) over ``baseline`` (backprop's), split.
 
-    ``runtimes_bytes`` = (processes counted in the candidate's tree - in the baseline's) x the
-    idle torch process's USS: what each extra process's own torch runtime costs (its shared
-    library pages are shared with the parent and counted once in a tree's PSS). ``data_bytes``
-    = the rest of the extra PSS: activations and their queued copies, decoder replicas, optimizer
-    states. RSS ratios are given beside for comparison (RSS counts the shared libraries once per
-    process)."""
+    ``runtimes_bytes``: what the candidate's process tree grew by when its workers had started,
+    before any model or data existed in them (``details.worker_runtimes_memory``, PSS, measured
+    by the executor): the workers' torch runtimes, forked from a server that preloaded torch.
+    ``data_bytes`` = the rest of the extra PSS: the async tree's model replicas, activations and
+    their queued copies, optimizer states (and runtime pages copied later on write) minus what
+    backprop's process holds besides its runtime (its whole model's activations and optimizer
+    state): negative when the async workers' data together is smaller than backprop's.
+    ``idle_runtimes_bytes`` = extra processes x the idle torch process's USS, the price of
+    fresh interpreters (not forked ones: an upper bound here), for comparison. RSS ratios are
+    given beside (RSS counts the shared libraries once per process)."""
     for name, s in (("candidate", candidate), ("baseline", baseline)):
         check(s.get("peak_pss_bytes") is not None and s.get("idle_torch_process") is not None,
               f"{name}.peak_pss_bytes", s.get("peak_pss_bytes"),
@@ -47,7 +51,9 @@ def memory_split(candidate: Mapping[str, Any], baseline: Mapping[str, Any]) -> d
                   1 + int(candidate.get("processes", 1)))
     procs_b = int(baseline.get("details", {}).get("memory_processes") or 1)
     extra = candidate["peak_pss_bytes"] - baseline["peak_pss_bytes"]
-    runtimes = max(0, procs_c - procs_b) * int(candidate["idle_torch_process"]["uss"])
+    idle = max(0, procs_c - procs_b) * int(candidate["idle_torch_process"]["uss"])
+    started = (candidate.get("details", {}).get("worker_runtimes_memory") or {}).get("pss")
+    runtimes = int(started) if started is not None else idle
     return {
         "candidate": candidate.get("name"), "baseline": baseline.get("name"),
         "pss_candidate_bytes": candidate["peak_pss_bytes"],
@@ -57,6 +63,8 @@ def memory_split(candidate: Mapping[str, Any], baseline: Mapping[str, Any]) -> d
         "extra_pss_bytes": extra,
         "extra_processes": procs_c - procs_b,
         "idle_torch_uss_bytes": int(candidate["idle_torch_process"]["uss"]),
+        "idle_runtimes_bytes": idle,
+        "runtimes_measured": started is not None,
         "runtimes_bytes": runtimes, "data_bytes": extra - runtimes,
         "runtimes_share": runtimes / extra if extra > 0 else float("nan"),
     }
@@ -78,9 +86,10 @@ def memory_split_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
                          "PSS backprop (GiB)": split["pss_baseline_bytes"] / GIB,
                          "PSS ratio": split["pss_ratio"], "RSS ratio": split["rss_ratio"],
                          "extra processes": split["extra_processes"],
-                         "runtimes (GiB)": split["runtimes_bytes"] / GIB,
-                         "activations, queues, optimizer state (GiB)":
-                             split["data_bytes"] / GIB,
+                         "runtimes at start (GiB)": split["runtimes_bytes"] / GIB,
+                         "idle torch USS x extra processes (GiB)":
+                             split["idle_runtimes_bytes"] / GIB,
+                         "rest: data over backprop's (GiB)": split["data_bytes"] / GIB,
                          "runtimes share of the extra": split["runtimes_share"]})
     return pd.DataFrame(rows)
 
