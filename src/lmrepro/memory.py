@@ -121,10 +121,10 @@ def tree_memory(proc: psutil.Process | None = None, exclude_pids: set[int] | Non
 class MemorySampler:
     """Context manager: ``with MemorySampler() as s: ...; s.peak`` (a :class:`Memory`).
 
-    Every ``interval_s`` the tree's RSS is read (cheap: ``/proc/<pid>/statm``); PSS and USS
-    (``smaps_rollup``, about 3 ms per process here, a cost the measured run would share its cores
-    with) are read when the RSS reaches a new high (by more than 1 %) and at least every
-    ``full_interval_s``. ``children=False`` measures this process only (one data-parallel worker
+    Every ``interval_s`` the RSS of the tree's processes is read (cheap: ``/proc/<pid>/statm``);
+    the tree is listed again, and PSS and USS read (``smaps_rollup``, milliseconds per process
+    here, a cost the measured run would share its cores with), when the RSS reaches a new high
+    (by more than 1 %) and at least every ``full_interval_s``. ``children=False`` measures this process only (one data-parallel worker
     of many). ``max_processes`` is the largest number of processes one sample counted (e.g.
     1 + W for an async RGC run of W workers: the multiprocessing helpers are not counted)."""
 
@@ -140,6 +140,7 @@ class MemorySampler:
         self.max_processes = 0
         self._full_rss_high = 0
         self._last_full = -float("inf")
+        self._known: list[psutil.Process] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -158,7 +159,9 @@ class MemorySampler:
     def sample(self) -> Memory:
         """A full sample (RSS, PSS, USS) of the tree now; updates the peaks. Safe to call while
         the sampling thread runs."""
-        mem, approx, counted = _sum_memory(self._processes())
+        procs = self._processes()
+        self._known = procs
+        mem, approx, counted = _sum_memory(procs)
         with self._lock:
             self._record_full(mem, approx, counted)
         return mem
@@ -173,8 +176,10 @@ class MemorySampler:
         self._last_full = time.monotonic()
 
     def _tick(self) -> None:
-        """The RSS now; a full sample when it is a new high or the last one is old."""
-        procs = self._processes()
+        """The RSS now, of the processes the last full sample found (listing a tree's processes
+        walks every process of the machine, about a millisecond); a full sample when the RSS is
+        a new high or the last full sample is older than ``full_interval_s``."""
+        procs = self._known
         rss, counted = 0, 0
         for p in procs:
             try:

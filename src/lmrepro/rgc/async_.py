@@ -1,10 +1,9 @@
 """Asynchronous RGC executor: the stages on worker processes (DESIGN.md, "Executors").
 
-Why processes and not threads: torch's intra-op thread count is process-global
-(``torch.set_num_threads`` in one Python thread changes it for all), and on the measured model two
-Python threads running a stage each got no speed-up over running them in turn (GIL-bound
-dispatch of small ops); two spawned processes ran in parallel at single-worker speed. See
-docs/rgc.md for the numbers.
+Why processes and not threads: the design measurement found no parallel speed-up from two
+Python threads and a process-global thread count; rerun on the current torch it no longer does
+(``bench/bench_rgc.py --design``), and processes are kept for failure isolation, per-worker
+allocators and the paper's process-tree memory. See docs/rgc.md, "Deviations and decisions".
 
 Placement: the K stages run on W <= K worker processes, worker w holding consecutive stages
 (``RGCConfig.placement``) with ``threads_per_worker[w]`` intra-op threads, so a 4-stage model can
