@@ -302,11 +302,16 @@ def section_rgc(r: dict | None) -> str:
                  f"{main['vs_backprop_paper_ratio']:.3f}x at the paper's ratio, "
                  f"{main['vs_backprop_same_cores']:.3f}x at the same cores; peak PSS "
                  f"{main['memory_vs_backprop']['pss_ratio']:.2f}x (RSS "
-                 f"{main['memory_vs_backprop']['rss_ratio']:.2f}x), of which "
-                 f"{main['memory_vs_backprop']['extra_processes']} extra processes' runtimes "
-                 f"are {main['memory_vs_backprop']['runtimes_bytes'] / 2**20:.0f} MiB (idle "
-                 f"torch process USS "
-                 f"{main['memory_vs_backprop']['idle_torch_uss_bytes'] / 2**20:.0f} MiB each).")
+                 f"{main['memory_vs_backprop']['rss_ratio']:.2f}x). Of the "
+                 f"{main['memory_vs_backprop']['extra_pss_bytes'] / 2**20:.0f} MiB of extra "
+                 f"PSS, the {main['memory_vs_backprop']['extra_processes']} workers' runtimes "
+                 "(measured when they had started, holding no model) are "
+                 f"{main['memory_vs_backprop']['runtimes_bytes'] / 2**20:.0f} MiB; the rest, "
+                 "the async tree's data over backprop's, is "
+                 f"{main['memory_vs_backprop']['data_bytes'] / 2**20:.0f} MiB (a fresh torch "
+                 "interpreter's USS is "
+                 f"{main['memory_vs_backprop']['idle_torch_uss_bytes'] / 2**20:.0f} MiB; "
+                 "workers forked from a server that preloaded torch share most of it).")
     return "\n".join(parts) + "\n"
 
 
@@ -342,9 +347,14 @@ def rgc_doc_block(r: dict | None, tvp: dict | None) -> str:
              " / ".join(f"{v:.2f}" for v in procs.values())],
             ["the same, wall time including start-up",
              f"{res['two_processes_wall_incl_startup_s']:.2f}"]]))
-        parts.append(f"\n`torch.set_num_threads(1)` called in a Python thread left the main "
-                     f"thread with {res['main_threads_after_a_thread_set_1']} thread(s) (set "
-                     "to 2 before): the intra-op thread count is process-global.\n")
+        kept = res["main_threads_after_a_thread_set_1"]
+        speedup = 2 * res["one_worker_s"] / res["two_python_threads_wall_s"]
+        parts.append(f"\nTwo Python threads did the work of two workers {speedup:.2f}x as fast "
+                     "as one worker did one's, in wall time (2 = fully parallel). "
+                     f"`torch.set_num_threads(1)` called in a Python thread left the main "
+                     f"thread with {kept} thread(s) (set to 2 before): the intra-op thread "
+                     + ("count is per thread in this build.\n" if kept == 2 else
+                        "count is process-global.\n"))
         q = tvp["queue_handover"]
         parts.append(f"**How activations cross.** One (activation {q['shape']}, targets) pair "
                      "per item through a bounded queue to a fork-server child, "

@@ -124,9 +124,10 @@ class MemorySampler:
     Every ``interval_s`` the RSS of the tree's processes is read (cheap: ``/proc/<pid>/statm``);
     the tree is listed again, and PSS and USS read (``smaps_rollup``, milliseconds per process
     here, a cost the measured run would share its cores with), when the RSS reaches a new high
-    (by more than 1 %) and at least every ``full_interval_s``. ``children=False`` measures this process only (one data-parallel worker
-    of many). ``max_processes`` is the largest number of processes one sample counted (e.g.
-    1 + W for an async RGC run of W workers: the multiprocessing helpers are not counted)."""
+    (by more than 1 %) and at least every ``full_interval_s``. ``children=False`` measures this
+    process only (one data-parallel worker of many). ``max_processes`` is the largest number of
+    processes one sample counted (e.g. 1 + W for an async RGC run of W workers: the
+    multiprocessing helpers are not counted)."""
 
     def __init__(self, interval_s: float = 0.1, children: bool = True,
                  full_interval_s: float = 1.0) -> None:

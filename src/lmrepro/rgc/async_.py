@@ -112,42 +112,35 @@ class _Channels:
         self.status[2 * self.w] = kind
 
     def get(self, q: Any, what: str, sender: int) -> Any:
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + self.timeout_s
-        self._waiting(self.RECEIVING, sender)
-        try:
-            while True:
-                if self.stop.is_set():
-                    raise _Stopped()
-                try:
-                    return q.get(timeout=POLL_S)
-                except queue_mod.Empty:
-                    if time.monotonic() > deadline:
-                        raise WaitTimeout(f"waited {self.timeout_s:.0f} s for {what} "
-                                          f"(rgc.worker_timeout_s); is stage {sender} alive?",
-                                          sender) from None
-        finally:
-            self._waiting(self.COMPUTING, -1)
-            self.waited_s += time.perf_counter() - t0
+        return self._wait(lambda: q.get(timeout=POLL_S), queue_mod.Empty, self.RECEIVING,
+                          sender, f"for {what}")
 
     def put(self, q: Any, item: Any, what: str, receiver: int) -> None:
+        self._wait(lambda: q.put(item, timeout=POLL_S), queue_mod.Full, self.SENDING,
+                   receiver, f"to send {what}")
+
+    def _wait(self, attempt: Callable[[], Any], busy: type[Exception], kind: int, peer: int,
+              what: str) -> Any:
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
-        self._waiting(self.SENDING, receiver)
+        self._waiting(kind, peer)
         try:
             while True:
                 if self.stop.is_set():
                     raise _Stopped()
                 try:
-                    q.put(item, timeout=POLL_S)
-                    return
-                except queue_mod.Full:
+                    result = attempt()
+                except busy:
                     if time.monotonic() > deadline:
-                        raise WaitTimeout(f"waited {self.timeout_s:.0f} s to send {what} "
-                                          f"(rgc.worker_timeout_s); is stage {receiver} "
-                                          "alive?", receiver) from None
+                        # the status keeps saying "waiting on peer": the parent follows the
+                        # chain of waits through this worker to the stage that stopped
+                        raise WaitTimeout(f"waited {self.timeout_s:.0f} s {what} "
+                                          f"(rgc.worker_timeout_s); is stage {peer} alive?",
+                                          peer) from None
+                    continue
+                self._waiting(self.COMPUTING, -1)
+                return result
         finally:
-            self._waiting(self.COMPUTING, -1)
             self.waited_s += time.perf_counter() - t0
 
 
