@@ -218,38 +218,165 @@ def section_cpu(r: dict | None) -> str:
 # ---------------------------------------------------------------------------------------------
 def section_rgc(r: dict | None) -> str:
     if r is None:
-        return "## RGC async vs backprop\n\nNot run yet: `python bench/bench_rgc_sweep.py`.\n"
-    a = r["args"]
-    t = r["targets"]
+        return ("## RGC: async against its ideal and against backprop\n\nNot run yet: "
+                "`flock /tmp/lmrepro-heavy.lock python bench/bench_rgc.py`.\n")
+    c, a = r["config"], r["args"]
+    pa = r["paper_allocation"]
     parts = [
-        "## RGC async vs global backprop at equal total cores (`bench/bench_rgc_sweep.py`)\n",
+        "## RGC: async against its ideal and against backprop (`bench/bench_rgc.py`)\n",
         f"Machine: {_machine(r['machine'])}. {_load_line(r)}.\n",
-        f"Model: {a['n_layers']} layers, d = {a['d_model']}, context {a['context']}, batch "
-        f"{a['batch_size']} in {a['micro_batches']} micro-batches, {a['steps']} steps, corpus "
-        f"{r['corpus']}; {a['repeats']} interleaved repeats per executor (medians), each run a "
-        "fresh process. Backprop always gets all the machine's cores; the async layout lists "
-        "the intra-op threads of each stage process. Memory: the project's peak RSS of the "
-        "process tree, and this benchmark's peak PSS of the tree (shared pages split).\n",
+        f"Model: the default profile's `rgc:` section, {c['n_layers']} layers in "
+        f"{c['n_stages']} stages, d = {c['d_model']}, context {c['context']}, batch "
+        f"{c['batch_size']} in {c['micro_batches']} micro-batches, {c['steps']} steps, "
+        f"corpus shakespeare. Async placement: stages {r['placement']} on "
+        f"{len(r['placement'])} worker processes with {r['threads_per_worker']} threads "
+        f"({sum(r['threads_per_worker'])} in all, {r['cores']} cores). Every end-to-end run is "
+        f"a fresh process through `lmrepro.rgc.train`, {a['repeats']} interleaved repeats "
+        "(medians).\n",
+        "### Each stage's compute alone (ms)\n",
+        "Measured with the executor's own code (`WorkerStages`), one process, the stages one "
+        "after another, medians of " + str(a["stage_repeats"]) + " steps. Per micro-batch: "
+        "*blocks forward* (until the activation is sent on), *readout + backward* (the local "
+        "loss, its gradient and, when no gradient comes back, the backward through the "
+        "blocks), *backward phase* (H > 1: the gradients that came back); per step: AdamW.\n",
     ]
     rows = []
-    for x in r["rows"]:
-        md = x["median"]
-        rows.append([str(x["threads_per_stage"]) + (" (oversubscribed)"
-                                                     if x["async_oversubscribed"] else ""),
-                     x["backprop_threads"], f"{md['async']['tokens_per_s']:.0f}",
-                     f"{md['backprop']['tokens_per_s']:.0f}", f"{x['throughput_ratio']:.3f}",
-                     f"{md['async']['peak_rss_bytes'] / 2**20:.0f} / "
-                     f"{md['backprop']['peak_rss_bytes'] / 2**20:.0f}",
-                     f"{x['memory_ratio_rss']:.2f}", f"{x['memory_ratio_pss']:.2f}",
-                     _yes(x["meets_paper_target"])])
-    parts.append(_table(["async threads per stage", "backprop threads", "async tokens/s",
-                         "backprop tokens/s", "throughput ratio", "peak RSS MiB async / bp",
-                         "memory ratio (RSS)", "memory ratio (PSS)",
-                         f"target (>= {t['throughput_ratio_min']}x at <= "
-                         f"{t['memory_ratio_max']}x memory)"], rows))
-    parts.append(f"\nPaper: 1.382x throughput at {t['paper_memory_ratio']:.2f}x memory "
-                 "(31 cores, 24 layers).\n")
+    for key, st in r["stage_times"].items():
+        ps = st["per_stage"]
+        for k in range(len(ps["pre_send"])):
+            rows.append([key, k, f"{ps['pre_send'][k] * 1e3:.2f}",
+                         f"{ps['post_send'][k] * 1e3:.2f}", f"{ps['backward'][k] * 1e3:.2f}",
+                         f"{ps['optimizer'][k] * 1e3:.2f}"])
+    parts.append(_table(["horizon-threads", "stage", "blocks forward", "readout + backward",
+                         "backward phase", "AdamW per step"], rows))
+    parts.append("\nDecoder AdamW step: "
+                 + ", ".join(f"{k}: {v['decoder_optimizer'] * 1e3:.2f} ms"
+                             for k, v in r["stage_times"].items())
+                 + f". Consensus all-reduce of the decoder gradient ({r['decoder_floats']} "
+                 f"floats) among {len(r['placement'])} gloo processes: "
+                 f"{r['allreduce_s'] * 1e3:.3f} ms.\n")
+    parts.append("### Measured against the ideal, and against backprop\n")
+    parts.append("*Ideal*: `lmrepro.rgc.schedule.ideal_step_time` of the stage times above: "
+                 "the workers run in parallel at their measured speed and wait only where the "
+                 "schedule makes them (the fill bubble of the first micro-batch, the drain of "
+                 "the gradients with H > 1, the per-step all-reduce; with a stale consensus the "
+                 "steps overlap). *bubble* = the ideal step's time the slowest worker is idle. "
+                 "Backprop *same cores*: "
+                 f"{sum(r['threads_per_worker'])} threads. Backprop *paper ratio*: the paper "
+                 f"gives async {pa['async_threads']} threads and backprop "
+                 f"{pa['backprop_threads']}; scaled to this machine backprop gets "
+                 f"{pa['backprop_cores_here']:.2f} cores ({pa['how']}).\n")
+    rows = []
+    for name, x in r["rows"].items():
+        m = x["memory_vs_backprop"]
+        rows.append([name, x["horizon"], x["consensus_staleness"],
+                     f"{x['measured_tokens_per_s']:.0f}", f"{x['ideal_tokens_per_s']:.0f}",
+                     f"{100 * x['fraction_of_ideal']:.1f} %",
+                     f"{100 * r['ideal'][name]['bubble_fraction']:.1f} %",
+                     f"{x['vs_backprop_same_cores']:.3f}", f"{x['vs_backprop_paper_ratio']:.3f}",
+                     f"{m['pss_ratio']:.2f}", f"{m['rss_ratio']:.2f}",
+                     f"{m['pss_candidate_bytes'] / 2**20:.0f}",
+                     f"{m['runtimes_bytes'] / 2**20:.0f} / {m['data_bytes'] / 2**20:.0f}"])
+    parts.append(_table(["async run", "H", "staleness", "tokens/s", "ideal tokens/s",
+                         "measured / ideal", "bubble (ideal)", "x backprop same cores",
+                         "x backprop paper ratio", "PSS x backprop", "RSS x backprop",
+                         "peak PSS MiB", "extra PSS MiB: runtimes / data"], rows))
+    rows = []
+    for name in ("backprop", "backprop-paper-ratio", "backprop-1thread"):
+        x = r["median"].get(name)
+        if x is None:
+            continue
+        how = "interpolated" if x.get("interpolated") else "measured"
+        rows.append([name, f"{x['tokens_per_s']:.0f}", how,
+                     f"{x['peak_pss_bytes'] / 2**20:.0f}" if "peak_pss_bytes" in x else "-",
+                     f"{x['peak_rss_bytes'] / 2**20:.0f}" if "peak_rss_bytes" in x else "-"])
+    parts.append("")
+    parts.append(_table(["backprop run", "tokens/s", "how", "peak PSS MiB", "peak RSS MiB"],
+                        rows))
+    main = r["rows"]["async"]
+    parts.append(f"\n- Target: async RGC at >= {100 * r['target_fraction_of_ideal']:.0f} % of "
+                 f"its ideal: {100 * main['fraction_of_ideal']:.1f} %, "
+                 f"{_yes(r['target_met'])}.")
+    parts.append(f"- Paper: 1.382x the throughput of backprop at 29 vs 24 threads on 31 cores "
+                 f"(24 layers); peak memory 4.31 vs 1.94 GiB (2.22x). Here: "
+                 f"{main['vs_backprop_paper_ratio']:.3f}x at the paper's ratio, "
+                 f"{main['vs_backprop_same_cores']:.3f}x at the same cores; peak PSS "
+                 f"{main['memory_vs_backprop']['pss_ratio']:.2f}x (RSS "
+                 f"{main['memory_vs_backprop']['rss_ratio']:.2f}x). Of the "
+                 f"{main['memory_vs_backprop']['extra_pss_bytes'] / 2**20:.0f} MiB of extra "
+                 f"PSS, the {main['memory_vs_backprop']['extra_processes']} workers' runtimes "
+                 "(measured when they had started, holding no model) are "
+                 f"{main['memory_vs_backprop']['runtimes_bytes'] / 2**20:.0f} MiB; the rest, "
+                 "the async tree's data over backprop's, is "
+                 f"{main['memory_vs_backprop']['data_bytes'] / 2**20:.0f} MiB (a fresh torch "
+                 "interpreter's USS is "
+                 f"{main['memory_vs_backprop']['idle_torch_uss_bytes'] / 2**20:.0f} MiB; "
+                 "workers forked from a server that preloaded torch share most of it).")
     return "\n".join(parts) + "\n"
+
+
+RGC_DOC = REPO / "docs" / "rgc.md"
+RGC_BEGIN = ("<!-- generated by bench/make_performance_doc.py from bench/results/rgc*.json: "
+             "begin -->")
+RGC_END = "<!-- generated: end -->"
+
+
+def rgc_doc_block(r: dict | None, tvp: dict | None) -> str:
+    """The figures docs/rgc.md shows (its "Measurements" section), from the RGC benchmark's
+    JSON files: the same tables as docs/performance.md's RGC section, and the
+    threads-vs-processes measurement behind the executor's design."""
+    parts = [section_rgc(r).replace("## RGC: async", "### The benchmark: async", 1)
+             .replace("\n### ", "\n#### ")]
+    if tvp is None:
+        parts.append("### Design measurements\n\nNot run yet: `python bench/bench_rgc.py "
+                     "--design`.\n")
+    else:
+        res = tvp["result"]
+        procs = res["two_processes_compute_s"]
+        parts.append(
+            "### Design measurements (`bench/bench_rgc.py --design`)\n\n"
+            f"Machine: {_machine(tvp['machine'])}; load average at start "
+            f"{tvp['loadavg_start']}, at end {tvp['loadavg_end']}.\n\n"
+            "**Threads or processes.** Stage-sized unit: 15 forward+backward passes of a "
+            "2-block d=128 model on 8x128 bytes, 1 intra-op thread each.\n")
+        parts.append(_table(["setup", "wall s"], [
+            ["one worker alone", f"{res['one_worker_s']:.2f}"],
+            ["two Python threads, one worker each",
+             f"{res['two_python_threads_wall_s']:.2f}"],
+            ["two spawned processes, one worker each (compute of each)",
+             " / ".join(f"{v:.2f}" for v in procs.values())],
+            ["the same, wall time including start-up",
+             f"{res['two_processes_wall_incl_startup_s']:.2f}"]]))
+        kept = res["main_threads_after_a_thread_set_1"]
+        speedup = 2 * res["one_worker_s"] / res["two_python_threads_wall_s"]
+        parts.append(f"\nTwo Python threads did the work of two workers {speedup:.2f}x as fast "
+                     "as one worker did one's, in wall time (2 = fully parallel). "
+                     f"`torch.set_num_threads(1)` called in a Python thread left the main "
+                     f"thread with {kept} thread(s) (set to 2 before): the intra-op thread "
+                     + ("count is per thread in this build.\n" if kept == 2 else
+                        "count is process-global.\n"))
+        q = tvp["queue_handover"]
+        parts.append(f"**How activations cross.** One (activation {q['shape']}, targets) pair "
+                     "per item through a bounded queue to a fork-server child, "
+                     f"{q['items']} items:\n")
+        parts.append(_table(["hand-over", "ms per item", "consumer get ms"], [
+            [k.replace("_", " "), f"{q[k]['per_item_s'] * 1e3:.3f}",
+             f"{q[k]['consumer_get_s'] * 1e3:.3f}"]
+            for k in ("shared_memory_tensors", "numpy_by_value")]))
+        sm = tvp["sampling"]
+        parts.append(f"\n**What reading memory costs.** For one process of "
+                     f"{sm['process_rss_bytes'] / 2**20:.0f} MiB RSS: RSS alone "
+                     f"{sm['rss_read_s'] * 1e3:.3f} ms, RSS + PSS + USS (`smaps_rollup`) "
+                     f"{sm['pss_uss_read_s'] * 1e3:.3f} ms per read.\n")
+    return "\n".join(parts)
+
+
+def update_rgc_doc(text: str, block: str) -> str:
+    """``text`` (docs/rgc.md) with the part between the markers replaced by ``block``."""
+    begin, end = text.find(RGC_BEGIN), text.find(RGC_END)
+    if begin < 0 or end < begin:
+        raise SystemExit(f"{RGC_DOC}: markers {RGC_BEGIN!r} ... {RGC_END!r} not found")
+    return text[:begin + len(RGC_BEGIN)] + "\n\n" + block.strip() + "\n\n" + text[end:]
 
 
 def render() -> str:
@@ -258,7 +385,7 @@ def render() -> str:
             "run of each benchmark (commands in `bench/README.md`). Do not edit by hand: rerun "
             "the benchmarks and this script.\n\n")
     return head + "\n".join([section_scape(_load("scape_netns")), section_cpu(_load("cpu")),
-                             section_rgc(_load("rgc_sweep"))])
+                             section_rgc(_load("rgc"))])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(render())
     print(f"wrote {args.out}")
+    if RGC_DOC.exists():
+        RGC_DOC.write_text(update_rgc_doc(RGC_DOC.read_text(), rgc_doc_block(
+            _load("rgc"), _load("rgc_design"))))
+        print(f"updated {RGC_DOC}")
     return 0
 
 

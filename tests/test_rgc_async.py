@@ -1,4 +1,5 @@
-"""Async RGC executor (one process per stage): correctness against sync, failures, resume."""
+"""Async RGC executor (stages on worker processes): correctness against sync for every horizon
+and placement, the bounded-horizon backward path, stale consensus, failures, resume, memory."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from lmrepro.memory import multiprocessing_helper_pids
+from lmrepro.model import lm_loss
 from lmrepro.results import latest_checkpoint, read_run
 from lmrepro.rgc import RGCConfig, StageWorkerError, train
+from lmrepro.rgc.common import batch_generator, build_model, lr_at, micro_batches, set_lr
+from lmrepro.rgc.sync import make_optimizers
+from lmrepro.data.batches import sample_batch
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.slow
@@ -23,7 +29,7 @@ TRAIN, VAL = DATA[:5000], DATA[5000:]
 def cfg(**kw) -> RGCConfig:
     base = dict(n_layers=4, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16, steps=5,
                 batch_size=4, micro_batches=2, warmup_steps=2, lr=3e-3, eval_batch_size=4,
-                eval_batches=3, checkpoint_every=2, threads_per_stage=(1, 1),
+                eval_batches=3, checkpoint_every=2, threads_per_worker=(1, 1),
                 backprop_threads=1, worker_timeout_s=60.0)
     base.update(kw)
     return RGCConfig(**base)
@@ -66,6 +72,122 @@ def test_async_resume_continues_from_checkpoint(straight, tmp_path: Path) -> Non
     assert resumed.eval_losses == r.eval_losses
 
 
+def four(**kw) -> RGCConfig:
+    """K = 4 stages of one block each; placements and horizons vary per test."""
+    return cfg(**{"n_stages": 4, "threads_per_worker": None, "steps": 4, **kw})
+
+
+def assert_same_run(a, b) -> None:
+    for n, v in b.final_state.items():
+        torch.testing.assert_close(a.final_state[n], v, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(a.eval_losses, b.eval_losses, rtol=1e-5)
+    np.testing.assert_allclose([m["stage_losses"] for m in a.metrics if "loss" in m],
+                               [m["stage_losses"] for m in b.metrics if "loss" in m], rtol=1e-5)
+
+
+@pytest.mark.parametrize("horizon, stages_per_worker", [
+    (1, [2, 2]),      # H = 1, two stages per process
+    (2, [2, 2]),      # H = 2: gradients cross the worker boundary and the in-process one
+    (4, None),        # H = K, one process per stage: every gradient travels to stage 0
+    (4, [1, 3]),      # H = K, unbalanced placement
+])
+def test_async_equals_sync_for_each_horizon_and_placement(horizon: int,
+                                                          stages_per_worker: list | None
+                                                          ) -> None:
+    c = four(horizon=horizon, stages_per_worker=stages_per_worker)
+    a = train(c, "async", TRAIN, VAL)
+    assert a.summary["processes"] == c.n_workers
+    assert a.summary["details"]["placement"] == c.placement
+    assert_same_run(a, train(c, "sync", TRAIN, VAL))
+
+
+def reference_sum_of_local_losses(c: RGCConfig) -> dict[str, torch.Tensor]:
+    """Independent of lmrepro.rgc.stages: every stage learns from backprop of sum_k L_k through
+    the whole model (``model(x, return_hidden=True)``), the decoder from the mean of the L_k
+    (the consensus), with the executors' optimizers, schedule and batches."""
+    model = build_model(c, 0)
+    opts = make_optimizers(model, c, "sync")
+    gen = batch_generator(0)
+    ends = [(k + 1) * c.layers_per_stage - 1 for k in range(c.n_stages)]
+    dec = list(model.decoder.parameters())
+    rest = [p for n, p in model.named_parameters() if not n.startswith("decoder.")]
+    for step in range(c.steps):
+        set_lr(opts.values(), lr_at(c, step))
+        for o in opts.values():
+            o.zero_grad(set_to_none=True)
+        x, y = sample_batch(TRAIN, c.batch_size, c.context, gen)
+        for xm, ym in micro_batches(x, y, c.micro_batches):
+            _, hidden = model(xm, return_hidden=True)
+            total = sum(lm_loss(model.decoder(hidden[e]), ym) for e in ends) / c.micro_batches
+            g_rest = torch.autograd.grad(total, rest, retain_graph=True)
+            g_dec = torch.autograd.grad(total / c.n_stages, dec)
+            for p, g in zip(rest + dec, g_rest + g_dec):
+                p.grad = g if p.grad is None else p.grad + g
+        for o in opts.values():
+            o.step()
+    return {n: v.detach().clone() for n, v in model.state_dict().items()}
+
+
+def test_async_full_horizon_is_global_backprop_of_the_summed_local_losses() -> None:
+    c = four(horizon=4, stages_per_worker=[2, 2], steps=3)
+    a = train(c, "async", TRAIN, VAL)
+    ref = reference_sum_of_local_losses(c)
+    for n, v in ref.items():
+        torch.testing.assert_close(a.final_state[n], v, rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_stale_consensus_equals_sync_and_resumes_bit_identically(tmp_path: Path) -> None:
+    """consensus_staleness = 1: the decoder applies step t-1's consensus at step t, the same in
+    both executors; the gradient still in flight at a checkpoint is part of it."""
+    c = four(horizon=2, stages_per_worker=[2, 2], consensus_staleness=1, steps=5)
+    a = train(c, "async", TRAIN, VAL)
+    assert_same_run(a, train(c, "sync", TRAIN, VAL))
+    lockstep = train(c.replace(consensus_staleness=0), "sync", TRAIN, VAL)
+    assert not torch.allclose(lockstep.final_state["decoder.head.weight"],
+                              a.final_state["decoder.head.weight"])
+    train(c, "async", TRAIN, VAL, tmp_path / "r", stop_after=3)
+    assert len(latest_checkpoint(tmp_path / "r")) > 0
+    resumed = train(c, "async", TRAIN, VAL, tmp_path / "r")
+    assert resumed.summary["resumed_from_step"] == 2
+    for n, v in a.final_state.items():
+        assert torch.equal(resumed.final_state[n], v), n
+
+
+def test_memory_counts_every_worker_and_no_multiprocessing_helper() -> None:
+    c = four(stages_per_worker=[2, 2], steps=2)
+    r = train(c, "async", TRAIN, VAL)
+    details = r.summary["details"]
+    assert details["memory_processes"] == 1 + c.n_workers   # the parent and the 2 workers
+    assert multiprocessing_helper_pids()   # the fork server exists, and was left out
+    s = r.summary
+    assert 0 < s["peak_uss_bytes"] <= s["peak_pss_bytes"] <= s["peak_rss_bytes"]
+    assert s["idle_torch_process"]["rss"] > 0
+    # the workers' runtimes, measured when they had started and held no model yet: a part of
+    # the tree's peak, more than nothing (each worker is a torch process)
+    runtimes = details["worker_runtimes_memory"]
+    assert 0 < runtimes["pss"] < s["peak_pss_bytes"] and runtimes["rss"] > 50 * 2**20
+
+
+@pytest.mark.parametrize("kind, needle", [
+    ("raise-backward", "injected fault in stage 2 at step 1 (backward)"),
+    ("exit-backward", "worker 1 (stages [2, 3]) exited with code 3"),
+    ("hang-backward", "made no progress"),
+])
+def test_failing_stage_in_the_backward_path_is_named(kind: str, needle: str) -> None:
+    """Stage 2 (first stage of worker 1) fails while backpropagating the gradient stage 3 sent
+    it; stage 1 (worker 0) waits for that gradient. The run fails within the timeout and names
+    stage 2."""
+    t0 = time.monotonic()
+    with pytest.raises(StageWorkerError) as ei:
+        train(four(horizon=2, stages_per_worker=[2, 2], worker_timeout_s=6.0), "async", TRAIN,
+              VAL, fault=(2, 1, kind))
+    assert ei.value.stage == 2 and ei.value.worker == 1
+    assert "stage 2 failed (worker 1)" in str(ei.value) and needle in str(ei.value)
+    if kind == "hang-backward":
+        assert "gradient from stage 2" in str(ei.value)
+    assert time.monotonic() - t0 < 30
+
+
 @pytest.mark.parametrize("kind, stage, needle", [
     ("raise", 1, "injected fault in stage 1 at step 1"),
     ("exit", 0, "exited with code 3"),
@@ -83,10 +205,21 @@ def test_crashing_stage_stops_the_run_with_its_traceback(kind: str, stage: int, 
 
 
 def test_hanging_stage_times_out_instead_of_hanging() -> None:
-    """Stage 0 stops producing: stage 1's queue get gives up after worker_timeout_s."""
+    """Stage 0 stops producing: stage 1's queue get gives up after worker_timeout_s, and the
+    error names the stage that hung (0), not the one that reported it (1)."""
     t0 = time.monotonic()
     with pytest.raises(StageWorkerError) as ei:
         train(cfg(steps=4, worker_timeout_s=8.0), "async", TRAIN, VAL, fault=(0, 1, "hang"))
-    assert ei.value.stage == 1
-    assert "TimeoutError" in str(ei.value) and "from stage 0" in str(ei.value)
+    assert ei.value.stage == 0
+    assert "WaitTimeout" in str(ei.value) and "from stage 0" in str(ei.value)
+    assert "stage 0 (worker 0) made no progress" in str(ei.value)
     assert time.monotonic() - t0 < 40
+
+
+def test_the_first_timeout_of_a_chain_blames_the_stage_at_its_end() -> None:
+    """4 workers, stage 3 hangs in its backward phase: stages 0, 1 and 2 all wait (0 on 1, 1 on
+    2, 2 on 3) and stage 0, which waited longest, times out first; the error names stage 3."""
+    with pytest.raises(StageWorkerError) as ei:
+        train(four(horizon=2, worker_timeout_s=6.0), "async", TRAIN, VAL,
+              fault=(3, 1, "hang-backward"))
+    assert ei.value.stage == 3 and "stage 3 (worker 3) made no progress" in str(ei.value)

@@ -13,8 +13,9 @@ from lmrepro.model import ByteTransformer, lm_loss
 from lmrepro.rgc import RGCConfig, ThreadOversubscriptionWarning, consensus_decoder_grad
 from lmrepro.rgc.config import check_threads
 from lmrepro.rgc.stages import (accumulate_rgc_grads, decoder_parameters, forward_stages,
-                                horizon_window, local_loss, run_stage, stage_bounds,
-                                stage_local_grads, stage_parameter_names, stage_parameters)
+                                horizon_window, local_loss, run_stage, stage_backward,
+                                stage_bounds, stage_local_grads, stage_parameter_names,
+                                stage_parameters, window_bottom)
 
 torch.set_num_threads(1)
 
@@ -161,8 +162,17 @@ def test_decoder_gradient_is_the_mean_of_the_stage_readout_gradients() -> None:
     (dict(n_layers=8, n_stages=4, horizon=0), "rgc.horizon"),
     (dict(n_layers=8, n_stages=4, horizon=5), "rgc.horizon"),
     (dict(batch_size=6, micro_batches=4), "rgc.micro_batches"),
-    (dict(n_stages=4, threads_per_stage=(1, 1)), "rgc.threads_per_stage"),
-    (dict(n_stages=4, threads_per_stage=(1, 0, 1, 1)), "rgc.threads_per_stage"),
+    (dict(n_stages=4, threads_per_worker=(1, 1)), "rgc.threads_per_worker"),
+    (dict(n_stages=4, threads_per_worker=(1, 0, 1, 1)), "rgc.threads_per_worker"),
+    (dict(n_stages=4, stages_per_worker=(2, 1)), "rgc.stages_per_worker"),
+    (dict(n_stages=4, stages_per_worker=(2, 0, 2)), "rgc.stages_per_worker"),
+    (dict(n_stages=4, stages_per_worker=(2, 2), threads_per_worker=(1, 1, 1)),
+     "rgc.threads_per_worker"),
+    (dict(n_stages=4, stages_per_worker=(2, 2), threads_per_worker=(2, 1), cores=2),
+     "rgc.threads_per_worker"),
+    (dict(n_stages=4, stages_per_worker=(2, 2), backprop_threads=3, cores=2),
+     "rgc.backprop_threads"),
+    (dict(steps=3, consensus_staleness=3), "rgc.consensus_staleness"),
     (dict(d_model=30, n_heads=4), "rgc.n_heads"),
 ])
 def test_bad_config_names_parameter_value_and_allowed(kw: dict, name: str) -> None:
@@ -174,11 +184,83 @@ def test_bad_config_names_parameter_value_and_allowed(kw: dict, name: str) -> No
 
 def test_oversubscription_warns_clearly() -> None:
     cores = os.cpu_count() or 1
-    cfg = RGCConfig(n_layers=4, n_stages=2, threads_per_stage=(cores, 1))
-    with pytest.warns(ThreadOversubscriptionWarning, match=r"rgc.threads_per_stage.*cores"):
+    cfg = RGCConfig(n_layers=4, n_stages=2, threads_per_worker=(cores, 1))
+    with pytest.warns(ThreadOversubscriptionWarning, match=r"rgc.threads_per_worker.*cores"):
         assert check_threads(cfg, "async") == cores + 1
     with pytest.warns(ThreadOversubscriptionWarning, match="rgc.backprop_threads"):
         check_threads(cfg.replace(backprop_threads=cores + 3), "backprop")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_threads(RGCConfig(n_layers=4, n_stages=1), "sync", cores=1)
+
+
+@pytest.mark.parametrize("n_stages, horizon", [(4, 1), (4, 2), (4, 3), (4, 4), (3, 2)])
+@pytest.mark.parametrize("placement", ["one per worker", "two workers", "one worker"])
+def test_pipelined_backward_equals_the_windowed_local_gradients(n_stages: int, horizon: int,
+                                                                placement: str) -> None:
+    """The async executor's compute (``WorkerStages``: stage inputs as fresh leaves, readout
+    gradients, gradients sent down grouped by the stage where they stop), run here in one
+    process with the messages passed by hand, accumulates exactly the sync executor's
+    gradients (``accumulate_rgc_grads``) for every horizon and placement, over 2 micro-batches."""
+    from lmrepro.rgc.async_ import WorkerStages
+
+    cfg = RGCConfig(n_layers=n_stages, n_stages=n_stages, horizon=horizon, d_model=16,
+                    n_heads=2, context=12, batch_size=4, micro_batches=2)
+    groups = {"one per worker": [[k] for k in range(n_stages)],
+              "two workers": [list(range(n_stages // 2)), list(range(n_stages // 2, n_stages))],
+              "one worker": [list(range(n_stages))]}[placement]
+    model, x, y = model_and_batch(cfg, seed=11)
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    for xm, ym in zip(x.chunk(2), y.chunk(2)):
+        accumulate_rgc_grads(model, bounds, xm, ym, horizon, scale=0.5)
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    workers = [WorkerStages(model, cfg, g) for g in groups]
+    for m, (xm, ym) in enumerate(zip(x.chunk(2), y.chunk(2))):
+        h = xm
+        for wk in workers:
+            sent: list[torch.Tensor] = []
+            wk.forward(m, h, ym, send=sent.append)
+            h = sent[0].detach().clone() if sent else h
+    for m in range(2):
+        down: dict[int, torch.Tensor] = {}
+        for wk in reversed(workers):
+            down = wk.backward(m, down) if horizon > 1 else {}
+            assert all(e < wk.stages[0] for e in down)   # only what continues below is sent
+            assert len(down) <= min(wk.stages[0], horizon - 1)
+    for wk in workers:
+        wk.finish_step()
+    # the decoder gets the sum of the readout gradients; the executors divide by K at the
+    # consensus (the all-reduce), so compare the mean
+    for n, p in model.named_parameters():
+        got = p.grad / n_stages if n.startswith("decoder.") else p.grad
+        torch.testing.assert_close(got, want[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_stage_backward_stops_each_gradient_at_the_bottom_of_its_window() -> None:
+    """K = 4, H = 3: L_2's gradient stops at stage 0, L_3's at stage 1. Stage 2 sends both down,
+    apart; stage 1 backpropagates both into its parameters but sends only L_2's on."""
+    assert [window_bottom(k, 3) for k in range(4)] == [0, 0, 0, 1]
+    cfg = tiny(horizon=3)
+    model, x, y = model_and_batch(cfg, seed=2)
+    bounds = stage_bounds(4, 4)
+    with torch.no_grad():
+        h0 = run_stage(model, bounds, 0, x)
+    inp1 = h0.clone().requires_grad_(True)
+    h1 = run_stage(model, bounds, 1, inp1)
+    inp2 = h1.detach().requires_grad_(True)
+    h2 = run_stage(model, bounds, 2, inp2)
+    g_l2, g_l3 = torch.randn_like(h2), torch.randn_like(h2)
+    sent = stage_backward(2, h2, inp2, stage_parameters(model, bounds, 2), {0: g_l2, 1: g_l3})
+    assert set(sent) == {0, 1}
+    h2 = run_stage(model, bounds, 2, inp2)
+    torch.testing.assert_close(sent[1], torch.autograd.grad(h2, inp2, g_l3, retain_graph=True)[0])
+    torch.testing.assert_close(sent[0], torch.autograd.grad(h2, inp2, g_l2)[0])
+    p1 = stage_parameters(model, bounds, 1)
+    onward = stage_backward(1, h1, inp1, p1, sent)
+    assert set(onward) == {0}
+    h1 = run_stage(model, bounds, 1, inp1)
+    ref = torch.autograd.grad(h1, [*p1, inp1], sent[0] + sent[1], retain_graph=True)
+    for p, g in zip(p1, ref[:-1]):
+        torch.testing.assert_close(p.grad, g)
+    torch.testing.assert_close(onward[0], torch.autograd.grad(h1, inp1, sent[0])[0])

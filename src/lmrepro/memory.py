@@ -24,6 +24,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass
 from types import TracebackType
 
@@ -42,6 +43,9 @@ class Memory:
 
     def __add__(self, other: Memory) -> Memory:
         return Memory(self.rss + other.rss, self.pss + other.pss, self.uss + other.uss)
+
+    def __sub__(self, other: Memory) -> Memory:
+        return Memory(self.rss - other.rss, self.pss - other.pss, self.uss - other.uss)
 
     def peak(self, other: Memory) -> Memory:
         """The larger of each kind."""
@@ -81,36 +85,65 @@ def process_memory(proc: psutil.Process) -> tuple[Memory, bool]:
         return Memory(rss, rss, rss), True
 
 
-def tree_memory(proc: psutil.Process | None = None, exclude_pids: set[int] | None = None
-                ) -> tuple[Memory, bool]:
-    """Memory of ``proc`` (default: this process) plus every live descendant.
-    ``exclude_pids`` leaves out those processes themselves (not their descendants)."""
+def tree_processes(proc: psutil.Process | None = None, exclude_pids: set[int] | None = None
+                   ) -> list[psutil.Process]:
+    """``proc`` (default: this process) and every live descendant, without ``exclude_pids``
+    (those processes themselves are left out, not their descendants)."""
     proc = proc or psutil.Process()
     exclude = exclude_pids or set()
-    total, approximate = Memory(), False
-    for p in [proc, *proc.children(recursive=True)]:
-        if p.pid in exclude:
-            continue
+    try:
+        children = proc.children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        children = []
+    return [p for p in [proc, *children] if p.pid not in exclude]
+
+
+def _sum_memory(procs: list[psutil.Process]) -> tuple[Memory, bool, int]:
+    """``(memory, approximate, processes counted)`` over ``procs`` (vanished ones skipped)."""
+    total, approximate, counted = Memory(), False, 0
+    for p in procs:
         try:
             mem, approx = process_memory(p)
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             continue
-        total, approximate = total + mem, approximate or approx
+        total, approximate, counted = total + mem, approximate or approx, counted + 1
+    return total, approximate, counted
+
+
+def tree_memory(proc: psutil.Process | None = None, exclude_pids: set[int] | None = None
+                ) -> tuple[Memory, bool]:
+    """Memory of ``proc`` (default: this process) plus every live descendant.
+    ``exclude_pids`` leaves out those processes themselves (not their descendants)."""
+    total, approximate, _ = _sum_memory(tree_processes(proc, exclude_pids))
     return total, approximate
 
 
 class MemorySampler:
     """Context manager: ``with MemorySampler() as s: ...; s.peak`` (a :class:`Memory`).
 
-    ``children=False`` measures this process only (one data-parallel worker of many)."""
+    Every ``interval_s`` the RSS of the tree's processes is read (cheap: ``/proc/<pid>/statm``);
+    the tree is listed again, and PSS and USS read (``smaps_rollup``, milliseconds per process
+    here, a cost the measured run would share its cores with), when the RSS reaches a new high
+    (by more than 1 %) and at least every ``full_interval_s``. ``children=False`` measures this
+    process only (one data-parallel worker of many). ``max_processes`` is the largest number of
+    processes one sample counted (e.g. 1 + W for an async RGC run of W workers: the
+    multiprocessing helpers are not counted)."""
 
-    def __init__(self, interval_s: float = 0.1, children: bool = True) -> None:
+    def __init__(self, interval_s: float = 0.1, children: bool = True,
+                 full_interval_s: float = 1.0) -> None:
         self.interval_s = interval_s
+        self.full_interval_s = full_interval_s
         self.children = children
         self.peak = Memory()
         self.approximate = False
         self.samples = 0
+        self.full_samples = 0
+        self.max_processes = 0
+        self._full_rss_high = 0
+        self._last_full = -float("inf")
+        self._known: list[psutil.Process] = []
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._proc = psutil.Process()
 
@@ -119,20 +152,54 @@ class MemorySampler:
         """Peak RSS (the figure ``ps`` and ``top`` show)."""
         return self.peak.rss
 
-    def sample(self) -> Memory:
+    def _processes(self) -> list[psutil.Process]:
         if self.children:
-            mem, approx = tree_memory(self._proc, multiprocessing_helper_pids())
-        else:
-            mem, approx = process_memory(self._proc)
+            return tree_processes(self._proc, multiprocessing_helper_pids())
+        return [self._proc]
+
+    def sample(self) -> Memory:
+        """A full sample (RSS, PSS, USS) of the tree now; updates the peaks. Safe to call while
+        the sampling thread runs."""
+        procs = self._processes()
+        self._known = procs
+        mem, approx, counted = _sum_memory(procs)
+        with self._lock:
+            self._record_full(mem, approx, counted)
+        return mem
+
+    def _record_full(self, mem: Memory, approx: bool, counted: int) -> None:
+        self.max_processes = max(self.max_processes, counted)
         self.peak = self.peak.peak(mem)
         self.approximate = self.approximate or approx
         self.samples += 1
-        return mem
+        self.full_samples += 1
+        self._full_rss_high = max(self._full_rss_high, mem.rss)
+        self._last_full = time.monotonic()
+
+    def _tick(self) -> None:
+        """The RSS now, of the processes the last full sample found (listing a tree's processes
+        walks every process of the machine, about a millisecond); a full sample when the RSS is
+        a new high or the last full sample is older than ``full_interval_s``."""
+        procs = self._known
+        rss, counted = 0, 0
+        for p in procs:
+            try:
+                rss += int(p.memory_info().rss)
+                counted += 1
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                continue
+        if rss > 1.01 * self._full_rss_high or \
+                time.monotonic() - self._last_full >= self.full_interval_s:
+            self.sample()
+            return
+        with self._lock:
+            self.max_processes = max(self.max_processes, counted)
+            self.peak = Memory(max(self.peak.rss, rss), self.peak.pss, self.peak.uss)
+            self.samples += 1
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval_s)
+        while not self._stop.wait(self.interval_s):
+            self._tick()
 
     def start(self) -> MemorySampler:
         self.sample()

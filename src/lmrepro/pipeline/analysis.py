@@ -304,6 +304,7 @@ class RunRecord(_Record):
     mean_step_time_s: float
     step_time_std_s: float | None
     peak_rss_bytes: int
+    peak_pss_bytes: int | None = None
     scale: str
     configuration: str
 
@@ -354,7 +355,9 @@ class ResourceRecord(_Record):
 
     ``speedup`` = baseline / candidate mean step time; ``throughput_ratio`` = candidate /
     baseline tokens/s; ``wall_ratio`` = candidate / baseline ``steps x mean step time``;
-    ``memory_ratio`` = candidate / baseline peak resident memory. ``relative_spread`` is the
+    ``memory_ratio`` = candidate / baseline peak resident memory (RSS), ``pss_ratio`` the same
+    in PSS (shared pages such as the torch libraries counted once over a process tree; None when
+    a side recorded no PSS). ``relative_spread`` is the
     combined relative step-time spread ``rho``; a ratio ``x`` is conclusive iff
     ``|ln x| > rho`` (None when a side recorded no spread)."""
 
@@ -375,12 +378,19 @@ class ResourceRecord(_Record):
     baseline_steps: int
     candidate_tokens_per_s: float
     baseline_tokens_per_s: float
+    candidate_threads: int
+    baseline_threads: int
+    candidate_processes: int
+    baseline_processes: int
     candidate_peak_rss_bytes: float
     baseline_peak_rss_bytes: float
+    candidate_peak_pss_bytes: float | None
+    baseline_peak_pss_bytes: float | None
     speedup: float
     throughput_ratio: float
     wall_ratio: float
     memory_ratio: float | None
+    pss_ratio: float | None
     relative_spread: float | None
     speedup_conclusive: bool
     throughput_conclusive: bool
@@ -679,6 +689,11 @@ def resource_caveats(cands: Sequence[Run], bases: Sequence[Run], cores: int | No
     return out
 
 
+def _mean_or_none(values: Sequence[int | None]) -> float | None:
+    """The mean of ``values``, or None when any is missing."""
+    return None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore
+
+
 def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceRecord]:
     """Speed and memory of each configuration pair of :data:`DEFAULT_PAIRINGS` (same setting,
     runs paired by seed), averaged over seeds, with the timing spread; ``cores``: the machine's
@@ -695,6 +710,8 @@ def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceR
         b_tps = sum(r.summary.tokens_per_s for r in bases) / len(bases)
         c_rss = sum(r.summary.peak_rss_bytes for r in cands) / len(cands)
         b_rss = sum(r.summary.peak_rss_bytes for r in bases) / len(bases)
+        c_pss, b_pss = _mean_or_none([r.summary.peak_pss_bytes for r in cands]), \
+            _mean_or_none([r.summary.peak_pss_bytes for r in bases])
         c_steps, b_steps = cands[0].summary.steps, bases[0].summary.steps
         speedup = b_t.mean_s / c_t.mean_s
         throughput = c_tps / b_tps
@@ -708,9 +725,13 @@ def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceR
             candidate_step_time_s=c_t.mean_s, baseline_step_time_s=b_t.mean_s,
             candidate_step_time_spread_s=c_t.spread_s, baseline_step_time_spread_s=b_t.spread_s,
             candidate_steps=c_steps, baseline_steps=b_steps, candidate_tokens_per_s=c_tps,
-            baseline_tokens_per_s=b_tps, candidate_peak_rss_bytes=c_rss,
-            baseline_peak_rss_bytes=b_rss, speedup=speedup, throughput_ratio=throughput,
+            baseline_tokens_per_s=b_tps, candidate_threads=c.summary.threads,
+            baseline_threads=b.summary.threads, candidate_processes=c.summary.processes,
+            baseline_processes=b.summary.processes, candidate_peak_rss_bytes=c_rss,
+            baseline_peak_rss_bytes=b_rss, candidate_peak_pss_bytes=c_pss,
+            baseline_peak_pss_bytes=b_pss, speedup=speedup, throughput_ratio=throughput,
             wall_ratio=wall, memory_ratio=c_rss / b_rss if b_rss > 0 else None,
+            pss_ratio=c_pss / b_pss if c_pss and b_pss else None,
             relative_spread=rho, speedup_conclusive=timing_interval(speedup, rho)[2],
             throughput_conclusive=timing_interval(throughput, rho)[2],
             wall_conclusive=timing_interval(wall, rho)[2],

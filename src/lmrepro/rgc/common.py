@@ -8,8 +8,10 @@ generator's state.
 from __future__ import annotations
 
 import io as _io
+import os
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl
 from lmrepro.model import ByteTransformer
+from lmrepro.optim.comm import flat_to_grads
 from lmrepro.optim.groups import weight_decay_groups
 from lmrepro.memory import Memory, memory_fields
 from lmrepro.results import (Method, RunSummary, checkpoint, load_checkpoint, step_time_std,
@@ -105,16 +108,22 @@ def run_identity(cfg: RGCConfig, executor: str, seed: int) -> dict:
     cadence, the checkpoint cadence and the timeout."""
     free = ("eval_every", "checkpoint_every", "worker_timeout_s")
     d = {k: v for k, v in cfg.to_dict().items() if k in RGCConfig.model_fields and k not in free}
-    d["threads_per_stage"] = list(cfg.stage_threads)
+    d["stages_per_worker"] = [len(g) for g in cfg.placement]
+    d["threads_per_worker"] = list(cfg.worker_threads)
     d["executor"] = executor
     d["seed"] = seed
     return d
 
 
 def save_state(out_dir: Path, identity: dict, step: int, model_state: dict[str, torch.Tensor],
-               optim_states: dict[str, dict], gen_state: torch.Tensor) -> None:
+               optim_states: dict[str, dict], gen_state: torch.Tensor,
+               pending_consensus: list[torch.Tensor] | None = None) -> None:
+    """One checkpoint, the same for every executor: weights, optimizer states by name
+    (``stage<k>``, ``decoder`` or ``all``), the batch generator and the consensus gradients not
+    yet applied (``consensus_staleness`` > 0)."""
     checkpoint(out_dir, step, {"model": model_state, "optims": optim_states,
-                               "gen_state": gen_state}, identity)
+                               "gen_state": gen_state,
+                               "pending_consensus": list(pending_consensus or [])}, identity)
 
 
 def load_state(out_dir: Path | None, identity: dict) -> dict | None:
@@ -130,6 +139,49 @@ def state_to_bytes(obj: Any) -> bytes:
 
 def state_from_bytes(data: bytes) -> Any:
     return torch.load(_io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+# -- the decoder's consensus -------------------------------------------------------------------
+
+class ConsensusQueue:
+    """Consensus gradients of the decoder (the mean over stages of the readout gradients, as one
+    flat tensor per step) waiting to be applied: with staleness s the gradient of step t is
+    applied at step t + s (s = 0: the same step, in lockstep), so the first s steps make no
+    decoder update. Every replica applies the same gradient in the same step, so the replicas
+    stay identical. An entry may still be in flight (an asynchronous all-reduce): ``finish``
+    completes it (waits, then divides by K) exactly once."""
+
+    def __init__(self, params: list[torch.nn.Parameter], staleness: int,
+                 pending: Iterable[torch.Tensor] = ()) -> None:
+        self.params, self.staleness = params, staleness
+        self._queue: deque[tuple[torch.Tensor, Callable[[], object] | None]] = deque(
+            (t, None) for t in pending)
+
+    def push(self, flat: torch.Tensor, finish: Callable[[], object] | None = None) -> None:
+        self._queue.append((flat, finish))
+
+    def _complete(self, i: int) -> torch.Tensor:
+        flat, finish = self._queue[i]
+        if finish is not None:
+            finish()
+            self._queue[i] = (flat, None)
+        return flat
+
+    def pop_into_grads(self) -> bool:
+        """Write the gradient due now into the parameters' ``.grad`` and return True; with none
+        due yet, clear the gradients and return False (skip the decoder's optimizer step)."""
+        if len(self._queue) <= self.staleness:
+            for p in self.params:
+                p.grad = None
+            return False
+        flat = self._complete(0)
+        self._queue.popleft()
+        flat_to_grads(flat, self.params)
+        return True
+
+    def state(self) -> list[torch.Tensor]:
+        """The gradients still pending, completed (for a checkpoint)."""
+        return [self._complete(i).clone() for i in range(len(self._queue))]
 
 
 # -- run records ---------------------------------------------------------------------------------
@@ -183,7 +235,8 @@ class Recorder:
 
 def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, seed: int,
                  eval_losses: list[float], peak: Memory, n_params: int, records: list[dict],
-                 start_step: int, train_time_s: float) -> dict:
+                 start_step: int, train_time_s: float, memory_processes: int = 1,
+                 worker_runtimes: Memory | None = None) -> dict:
     """The run's :class:`RunSummary` fields. Throughput counts the steps this invocation trained
     over its training time; a resume with nothing left to train reports the recorded step times
     of the invocations that trained it (``metrics.jsonl``)."""
@@ -203,12 +256,23 @@ def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, s
         "mean_step_time_s": float(np.mean(step_times)) if step_times else 0.0,
         "train_time_s": train_time_s, "step_time_std_s": step_time_std(records),
         **memory_fields(peak), "n_params": n_params,
-        "processes": cfg.n_stages if is_async else 1,
-        "threads": sum(cfg.stage_threads) if is_async else cfg.single_process_threads,
+        "processes": cfg.n_workers if is_async else 1,
+        "threads": cfg.async_threads if is_async else cfg.single_process_threads,
         "resumed_from_step": start_step,
-        "details": {"threads_per_process": list(cfg.stage_threads) if is_async
+        "details": {"threads_per_process": list(cfg.worker_threads) if is_async
                     else [cfg.single_process_threads],
-                    "horizon": cfg.horizon if method == Method.RGC else None},
+                    "placement": cfg.placement if is_async else [list(range(cfg.n_stages))],
+                    "horizon": cfg.horizon if method == Method.RGC else None,
+                    "consensus_staleness": cfg.consensus_staleness if method == Method.RGC
+                    else None,
+                    "cores_declared": cfg.cores, "machine_cores": os.cpu_count(),
+                    "oversubscribed": (cfg.async_threads if is_async
+                                       else cfg.single_process_threads) > (os.cpu_count() or 1),
+                    "memory_processes": memory_processes,
+                    # async: what the tree grew by when the workers had started, before any
+                    # model or data existed in them (their torch runtimes, gloo included)
+                    "worker_runtimes_memory": worker_runtimes.to_dict()
+                    if worker_runtimes is not None else None},
         "config": cfg.to_dict(),
     }
 

@@ -21,6 +21,7 @@ from lmrepro.evaluation import TrainingConfig
 from lmrepro.model import ModelConfig
 
 EXECUTORS = ("sync", "async", "backprop")
+MAX_STALENESS = 8
 
 
 class ThreadOversubscriptionWarning(RuntimeWarning):
@@ -33,9 +34,16 @@ class RGCConfig(TrainingConfig):
     ``horizon`` H in ``[1, n_stages]``: the gradient of stage k's loss reaches stages
     ``k-H+1 .. k`` (1 = purely local, ``n_stages`` = global backprop through all stages).
     ``batch_size`` sequences per step are split into ``micro_batches`` (the async executor streams
-    them through the stage queues). ``threads_per_stage``: intra-op threads of each async stage
-    worker (null = 1 each); ``backprop_threads``: threads of the single-process executors (sync and
-    backprop; null = ``sum(threads_per_stage)``, the same total core budget).
+    them through the stage queues).
+
+    Placement (async executor): the K stages run on W worker processes, worker w holding the next
+    ``stages_per_worker[w]`` consecutive stages (null: one stage per worker) with
+    ``threads_per_worker[w]`` intra-op threads (null: 1 each). ``backprop_threads``: threads of
+    the single-process executors (sync and backprop; null: the async total, the same core
+    budget). ``cores``: the core budget the configuration is sized for; every thread count must
+    fit in it (null: this machine's cores, and exceeding them only warns).
+    ``consensus_staleness`` s: the decoder is updated at step t with the consensus gradient of
+    step t - s (0: in lockstep, every step; docs/rgc.md, "Stale consensus").
     """
 
     key: ClassVar[str] = "rgc"
@@ -48,17 +56,25 @@ class RGCConfig(TrainingConfig):
     context: int = Field(default=128, ge=2)
     mlp_ratio: int = Field(default=4, ge=1)
     micro_batches: int = Field(default=4, ge=1, description="must divide batch_size")
-    threads_per_stage: list[int] | None = Field(default=None, description="async: threads of "
-                                                "each stage worker; null for 1 each")
+    stages_per_worker: list[int] | None = Field(
+        default=None, description="async: consecutive stages of each worker process, summing "
+        "to n_stages; null for one stage per worker")
+    threads_per_worker: list[int] | None = Field(
+        default=None, description="async: intra-op threads of each worker; null for 1 each")
     backprop_threads: int | None = Field(default=None, ge=1, description="sync/backprop "
-                                         "threads; null for sum(threads_per_stage)")
+                                         "threads; null for sum(threads_per_worker)")
+    cores: int | None = Field(default=None, ge=1, description="core budget the thread counts "
+                              "must fit; null for this machine's cores (then only a warning)")
+    consensus_staleness: int = Field(default=0, ge=0, le=MAX_STALENESS,
+                                     description="steps by which the decoder's consensus "
+                                     "gradient is applied late (0: lockstep)")
     queue_size: int = Field(default=2, ge=1, description="async: micro-batches per queue")
     eval_every: int = Field(default=0, ge=0, description="evaluate every this many steps; 0: "
                             "only at the end")
-    worker_timeout_s: float = Field(default=300.0, gt=0.0, description="an async stage waiting "
+    worker_timeout_s: float = Field(default=300.0, gt=0.0, description="an async worker waiting "
                                     "this long on a queue or collective fails the run")
 
-    @field_validator("threads_per_stage", mode="before")
+    @field_validator("stages_per_worker", "threads_per_worker", mode="before")
     @classmethod
     def _tuple_to_list(cls, v: Any) -> Any:
         return list(v) if isinstance(v, tuple) else v
@@ -75,12 +91,32 @@ class RGCConfig(TrainingConfig):
         if self.batch_size % self.micro_batches:
             raise field_error("micro_batches", self.micro_batches,
                               f"must divide batch_size = {self.batch_size}")
-        tps = self.threads_per_stage
-        if tps is not None and (len(tps) != self.n_stages or any(t < 1 for t in tps)):
-            raise field_error("threads_per_stage", tps, f"must be {self.n_stages} integers >= 1 "
-                              "(one per stage), or null for 1 each")
+        spw = self.stages_per_worker
+        if spw is not None and (any(s < 1 for s in spw) or sum(spw) != self.n_stages):
+            raise field_error("stages_per_worker", spw,
+                              f"must be integers >= 1 summing to n_stages = {self.n_stages} "
+                              "(worker w runs the next stages_per_worker[w] consecutive "
+                              "stages, so together they cover every stage once, in order), "
+                              "or null for one stage per worker")
+        tpw = self.threads_per_worker
+        if tpw is not None and (len(tpw) != self.n_workers or any(t < 1 for t in tpw)):
+            raise field_error("threads_per_worker", tpw,
+                              f"must be {self.n_workers} integers >= 1 (one per worker of "
+                              f"stages_per_worker = {self.stages_per_worker}), or null for 1 "
+                              "each")
+        if self.cores is not None:
+            if self.async_threads > self.cores:
+                raise field_error("threads_per_worker", list(self.worker_threads),
+                                  f"must fit cores = {self.cores}: {self.async_threads} threads "
+                                  "in total over the async workers (allowed: a total <= cores)")
+            if self.single_process_threads > self.cores:
+                raise field_error("backprop_threads", self.backprop_threads,
+                                  f"must fit cores = {self.cores} (allowed: 1 .. {self.cores})")
         if self.d_model % self.n_heads:
             raise field_error("n_heads", self.n_heads, f"must divide d_model = {self.d_model}")
+        if self.consensus_staleness >= self.steps:
+            raise field_error("consensus_staleness", self.consensus_staleness,
+                              f"must be < steps = {self.steps} (the decoder would never learn)")
         return self
 
     # -- derived ---------------------------------------------------------------------------
@@ -95,13 +131,30 @@ class RGCConfig(TrainingConfig):
         return self.n_layers // self.n_stages
 
     @property
-    def stage_threads(self) -> tuple[int, ...]:
-        return tuple(self.threads_per_stage or (1,) * self.n_stages)
+    def n_workers(self) -> int:
+        """W: async worker processes."""
+        return len(self.stages_per_worker) if self.stages_per_worker else self.n_stages
+
+    @property
+    def placement(self) -> list[list[int]]:
+        """The stages of each worker, e.g. ``[[0, 1], [2, 3]]``."""
+        sizes = self.stages_per_worker or [1] * self.n_stages
+        bounds = [sum(sizes[:w]) for w in range(len(sizes) + 1)]
+        return [list(range(bounds[w], bounds[w + 1])) for w in range(len(sizes))]
+
+    @property
+    def worker_threads(self) -> tuple[int, ...]:
+        return tuple(self.threads_per_worker or (1,) * self.n_workers)
+
+    @property
+    def async_threads(self) -> int:
+        """Intra-op threads of all async workers together."""
+        return sum(self.worker_threads)
 
     @property
     def single_process_threads(self) -> int:
-        """Threads of the sync and backprop executors: the same total budget as async."""
-        return self.backprop_threads or sum(self.stage_threads)
+        """Threads of the sync and backprop executors: by default the same total as async."""
+        return self.backprop_threads or self.async_threads
 
     @property
     def micro_batch_size(self) -> int:
@@ -116,11 +169,13 @@ class RGCSuite(RGCConfig):
         min_length=1, description="async RGC, sync RGC and/or global backprop")
 
     @model_validator(mode="after")
-    def _async_horizon(self) -> RGCSuite:
-        if "async" in self.executors and self.horizon != 1:
-            raise field_error("horizon", self.horizon, "must be 1 when executors include "
-                              "'async' (the async executor exchanges only detached "
-                              "activations); run a horizon > 1 with executor 'sync'")
+    def _fits_this_machine(self) -> RGCSuite:
+        """A suite sized for this machine (``cores`` null) that oversubscribes it warns here, at
+        ``lmrepro validate``; one sized for a declared ``cores`` warns when it runs
+        (:func:`check_threads`)."""
+        if self.cores is None:
+            for executor in self.executors:
+                check_threads(self, executor, stacklevel=4)
         return self
 
     @property
@@ -133,21 +188,26 @@ def check_executor(executor: str) -> None:
     check(executor in EXECUTORS, "executor", executor, f"must be one of {list(EXECUTORS)}")
 
 
-def check_threads(config: RGCConfig, executor: str, cores: int | None = None) -> int:
-    """Total threads the executor will run; warns (``ThreadOversubscriptionWarning``) when that
-    exceeds the machine's cores, naming the parameter, the value and the core count."""
-    cores = cores or os.cpu_count() or 1
+def check_threads(config: RGCConfig, executor: str, cores: int | None = None,
+                  stacklevel: int = 3) -> int:
+    """Total intra-op threads the executor will run on this machine (``cores``: default
+    ``os.cpu_count()``). Warns (:class:`ThreadOversubscriptionWarning`) when that exceeds the
+    machine's cores, naming the parameter, the value, the core count and, when the configuration
+    declares the budget it was sized for (``rgc.cores``), that budget."""
+    machine = cores or os.cpu_count() or 1
     if executor == "async":
-        total, name, value = sum(config.stage_threads), "rgc.threads_per_stage", \
-            list(config.stage_threads)
+        total, name, value = config.async_threads, "rgc.threads_per_worker", \
+            list(config.worker_threads)
     else:
         total = config.single_process_threads
-        name = "rgc.backprop_threads" if config.backprop_threads else "rgc.threads_per_stage"
-        value = config.backprop_threads or list(config.stage_threads)
-    if total > cores:
+        name = "rgc.backprop_threads" if config.backprop_threads else "rgc.threads_per_worker"
+        value = config.backprop_threads or list(config.worker_threads)
+    if total > machine:
+        sized = (f" (rgc.cores = {config.cores}: the configuration is sized for {config.cores} "
+                 "cores)" if config.cores is not None else "")
         warnings.warn(
             f"{name} = {value!r}: {total} threads asked for the {executor} executor but this "
-            f"machine has {cores} cores; the run is oversubscribed and its throughput is not "
-            "representative (allowed without oversubscription: a total <= the core count)",
-            ThreadOversubscriptionWarning, stacklevel=3)
+            f"machine has {machine} cores{sized}; the run is oversubscribed and its throughput "
+            "is not representative (allowed without oversubscription: a total <= "
+            f"{machine})", ThreadOversubscriptionWarning, stacklevel=stacklevel)
     return total

@@ -19,8 +19,8 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
 
     Args:
         config: the run's :class:`RGCConfig`.
-        executor: ``"sync"`` (one process, stages in turn, any horizon), ``"async"`` (one process
-            per stage, horizon 1) or ``"backprop"``.
+        executor: ``"sync"`` (one process, stages in turn), ``"async"`` (the stages on
+            ``config.n_workers`` worker processes, ``config.placement``) or ``"backprop"``.
         train_data, val_data: 1-D uint8 byte arrays; ``None`` uses a deterministic synthetic
             text (for smoke runs only).
         out_dir: run directory in the :mod:`lmrepro.results` layout; enables checkpoints
@@ -30,8 +30,9 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
             ``backprop``).
         stop_after: stop after this many steps (as if killed), leaving the checkpoint; no
             evaluation, no summary. For tests and time-boxed runs.
-        fault: async only, ``(stage, step, "raise" | "exit" | "hang")`` injects a stage
-            failure (tests).
+        fault: async only, ``(stage, step, kind)`` injects a failure of the worker running
+            ``stage`` (tests): kind "raise", "exit" or "hang" at the start of ``step``, or
+            "raise-backward", "exit-backward" or "hang-backward" in its backward phase (H > 1).
         seed: initialisation and batch order (the same for every executor).
 
     Returns:
@@ -45,6 +46,16 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
           stop_after, "must be None or an integer >= 0")
     check(fault is None or executor == "async", "fault", fault,
           "fault injection exists only for executor='async'")
+    if fault is not None:
+        from lmrepro.rgc.async_ import FAULT_KINDS
+
+        check(isinstance(fault, tuple) and len(fault) == 3 and fault[2] in FAULT_KINDS
+              and 0 <= fault[0] < config.n_stages and fault[1] >= 0, "fault", fault,
+              f"must be (stage in [0, {config.n_stages}), step >= 0, kind in "
+              f"{list(FAULT_KINDS)})")
+        check(not fault[2].endswith("-backward") or config.horizon > 1, "fault", fault,
+              "a backward-phase fault needs rgc.horizon > 1 (with H = 1 no gradient crosses "
+              "workers)")
     if train_data is None or val_data is None:
         text = synthetic_corpus(200_000, seed=12345)
         split = int(0.9 * len(text))

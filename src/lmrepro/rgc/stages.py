@@ -167,6 +167,72 @@ def accumulate_rgc_grads(model: ByteTransformer, bounds: Sequence[tuple[int, int
     return [lg.loss for lg in local]
 
 
+# -- the pipelined backward of the asynchronous executor ----------------------------------------
+#
+# Stage k runs its blocks on an input leaf (the received h_{k-1}, detached) and reads out through
+# its decoder replica. The gradient of a local loss L_i travels down the stages until the bottom
+# of its window, stage ``window_bottom(i, H) = max(0, i-H+1)``; there it stops. Gradients that
+# stop at the same stage can be summed, so what stage k sends to stage k-1 is one tensor per
+# bottom stage below k (``{bottom: dL/dh_{k-1}}``): one tensor for H = 2 and for H = K, at most
+# min(k, H-1) in general.
+
+def window_bottom(k: int, horizon: int) -> int:
+    """The lowest stage reached by the gradient of stage ``k``'s local loss."""
+    return horizon_window(k, horizon).start
+
+
+def readout_backward(model: ByteTransformer, h: torch.Tensor, y: torch.Tensor, scale: float
+                     ) -> tuple[float, torch.Tensor]:
+    """Stage-local readout: ``L = CE(D(h), y)``; adds ``scale * dL/dD`` to the decoder's
+    ``.grad`` and returns ``(L in nats, scale * dL/dh)``. The readout's graph (the logits) is
+    freed here; ``h``'s own graph is untouched."""
+    leaf = h.detach().requires_grad_(True)
+    loss = local_loss(model, leaf, y)
+    torch.autograd.backward(loss * scale, inputs=[leaf, *decoder_parameters(model)])
+    assert leaf.grad is not None
+    return float(loss.detach()), leaf.grad
+
+
+def merge_gradients(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]
+                    ) -> dict[int, torch.Tensor]:
+    """Sum two ``{bottom stage: gradient}`` maps (gradients w.r.t. the same tensor)."""
+    out = dict(a)
+    for e, g in b.items():
+        out[e] = out[e] + g if e in out else g
+    return out
+
+
+def stage_backward(k: int, h: torch.Tensor, inp: torch.Tensor | None,
+                   params: Sequence[torch.Tensor], grads: dict[int, torch.Tensor],
+                   ) -> dict[int, torch.Tensor]:
+    """Backpropagate through stage ``k`` the gradients w.r.t. its output ``h``, grouped by the
+    stage where each stops (``grads``: ``{bottom: dL/dh_k}``, the stage's own readout gradient
+    included). Adds ``d(sum)/dtheta_k`` to the stage parameters' ``.grad`` and returns the
+    gradients w.r.t. ``inp`` of the groups that continue below k (``bottom < k``), for stage
+    k-1; empty when none does (then ``inp`` may be None). Frees ``h``'s graph."""
+    cont = {e: g for e, g in sorted(grads.items()) if e < k}
+    params = list(params)
+    if not cont:
+        total = sum(grads.values())
+        torch.autograd.backward(h, total, inputs=params)
+        return {}
+    check(inp is not None and inp.requires_grad, "inp", None if inp is None else inp.shape,
+          "must be the stage's input leaf (requires_grad) when a gradient continues below it")
+    assert inp is not None
+    if len(cont) == len(grads) == 1:
+        # the common case (H = 2 above the last stage, H = K): one pass for both
+        (e, g), = cont.items()
+        out = torch.autograd.grad(h, [*params, inp], g)
+        for p, gp in zip(params, out[:-1]):
+            p.grad = gp if p.grad is None else p.grad.add_(gp)
+        return {e: out[-1]}
+    torch.autograd.backward(h, sum(grads.values()), inputs=params, retain_graph=True)
+    sent = {}
+    for i, (e, g) in enumerate(cont.items()):
+        sent[e] = torch.autograd.grad(h, inp, g, retain_graph=i < len(cont) - 1)[0]
+    return sent
+
+
 def accumulate_backprop_grads(model: ByteTransformer, x: torch.Tensor, y: torch.Tensor,
                               scale: float = 1.0) -> float:
     """Global backprop baseline on a micro-batch: the model's own final-readout loss."""

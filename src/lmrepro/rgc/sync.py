@@ -19,10 +19,11 @@ import torch
 from lmrepro.data.batches import sample_batch
 from lmrepro.evaluation import bits_per_byte
 from lmrepro.memory import MemorySampler
+from lmrepro.optim.comm import grads_to_flat
 from lmrepro.results import holds_writer_lock
-from lmrepro.rgc.common import (Clock, Recorder, TrainResult, batch_generator, build_model,
-                                evaluate, load_state, lr_at, make_adamw, make_summary,
-                                micro_batches, run_identity, save_state, set_lr)
+from lmrepro.rgc.common import (Clock, ConsensusQueue, Recorder, TrainResult, batch_generator,
+                                build_model, evaluate, load_state, lr_at, make_adamw,
+                                make_summary, micro_batches, run_identity, save_state, set_lr)
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.stages import (accumulate_backprop_grads, accumulate_rgc_grads, decoder_parameters,
                                 stage_bounds, stage_parameters)
@@ -66,14 +67,18 @@ def _run(cfg: RGCConfig, executor: str, train_data: np.ndarray, val_data: np.nda
     gen = batch_generator(seed)
     identity = run_identity(cfg, executor, seed)
     start = 0
+    pending: list[torch.Tensor] = []
     ck = load_state(out_dir, identity)
     if ck is not None:
         model.load_state_dict(ck["model"])
         for key, opt in opts.items():
             opt.load_state_dict(ck["optims"][key])
         gen.set_state(ck["gen_state"])
+        pending = list(ck.get("pending_consensus", []))
         start = int(ck["step"])
         del ck
+    dec = decoder_parameters(model)
+    consensus = ConsensusQueue(dec, cfg.consensus_staleness, pending)
     rec = Recorder(out_dir, start)
     end = cfg.steps if stop_after is None else max(start, min(cfg.steps, stop_after))
     clock = Clock()
@@ -92,8 +97,16 @@ def _run(cfg: RGCConfig, executor: str, train_data: np.ndarray, val_data: np.nda
                 per_micro.append([accumulate_backprop_grads(model, xm, ym, scale)])
             else:
                 per_micro.append(accumulate_rgc_grads(model, bounds, xm, ym, cfg.horizon, scale))
-        for opt in opts.values():
-            opt.step()
+        if executor == "backprop":
+            opts["all"].step()
+        else:
+            # the decoder's gradient is the consensus (the mean of the readout gradients), applied
+            # consensus_staleness steps late (0: now), exactly as the async executor does
+            consensus.push(grads_to_flat(dec, torch.empty(sum(p.numel() for p in dec))))
+            for k in range(cfg.n_stages):
+                opts[f"stage{k}"].step()
+            if consensus.pop_into_grads():
+                opts["decoder"].step()
         dt = time.perf_counter() - t0
         clock.pause()
         stage_losses = [float(v) for v in np.mean(np.array(per_micro), axis=0)]
@@ -103,7 +116,8 @@ def _run(cfg: RGCConfig, executor: str, train_data: np.ndarray, val_data: np.nda
         if out_dir is not None and cfg.checkpoint_every and (
                 done % cfg.checkpoint_every == 0 or done == cfg.steps):
             save_state(out_dir, identity, done, model.state_dict(),
-                       {k: o.state_dict() for k, o in opts.items()}, gen.get_state())
+                       {k: o.state_dict() for k, o in opts.items()}, gen.get_state(),
+                       consensus.state())
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             rec.log({"step": step, "eval_bpb": bits_per_byte(evaluate(model, val_data, cfg))})
     final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -116,6 +130,6 @@ def _run(cfg: RGCConfig, executor: str, train_data: np.ndarray, val_data: np.nda
     peak = sampler.stop()
     summary = rec.finish(cfg, make_summary(cfg, executor, name, corpus, seed, eval_losses, peak,
                                            model.num_parameters(), rec.records, start,
-                                           clock.total), eval_losses)
+                                           clock.total, sampler.max_processes), eval_losses)
     return TrainResult(executor, summary["tokens_per_s"], peak.rss, summary["final_bpb"],
                        eval_losses, summary, rec.records, final_state, out_dir)
