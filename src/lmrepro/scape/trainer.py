@@ -53,6 +53,7 @@ from lmrepro.scape.config import RESUME_FREE, ScapeConfig, ScapeRun
 
 FINAL_MODEL = "model_final.pt"
 FAULT_ENV = "LMREPRO_FAULT_KILL_AT"   # "STEP:RANK": that rank SIGKILLs itself before STEP
+NAN_ENV = "LMREPRO_FAULT_NAN_AT"     # "STEP:RANK": that rank's loss is NaN at STEP (divergence)
 
 
 @dataclass(frozen=True)
@@ -167,8 +168,8 @@ def _resume(ctx: DistContext, out: Path, model: torch.nn.Module, opt: Any,
 # ---------------------------------------------------------------------------------------------
 # the loop
 # ---------------------------------------------------------------------------------------------
-def _fault_step(rank: int) -> int | None:
-    spec = os.environ.get(FAULT_ENV)
+def _fault_step(rank: int, env: str = FAULT_ENV) -> int | None:
+    spec = os.environ.get(env)
     if not spec:
         return None
     step_s, rank_s = spec.split(":")
@@ -226,6 +227,7 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
             dist.barrier()
 
     fault_at = _fault_step(ctx.rank)
+    nan_at = _fault_step(ctx.rank, NAN_ENV)
     group = opt.param_groups
     peak_lr = run.lr_or(cfg.lr)
     diverged: int | None = None
@@ -240,6 +242,8 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
         x, y = sample_batch(train_data, cfg.batch_size, mcfg.context, gen)
         x, y = x.to(ctx.device), y.to(ctx.device)
         loss = lm_loss(model(x), y)
+        if nan_at is not None and step == nan_at:
+            loss = loss * float("nan")                  # test hook: a diverging rank
         opt.zero_grad(set_to_none=True)
         loss.backward()
         try:
