@@ -1,4 +1,5 @@
-"""The ``train_scape`` stage: the suite of the ``scape:`` section on one corpus, under torchrun."""
+"""The ``train_scape`` pipeline stage: the learning-rate sweep (when the profile asks for it),
+then the suite of the ``scape:`` section on one corpus, under torchrun."""
 
 from __future__ import annotations
 
@@ -8,25 +9,47 @@ from pathlib import Path
 from lmrepro.data.stage import data_identity
 from lmrepro.model import ModelConfig
 from lmrepro.results import prepare_runs_dir, write_stage_products
-from lmrepro.scape.config import ScapeSuite
+from lmrepro.scape.config import ScapeRun, ScapeSuite
 from lmrepro.scape.launch import run_scape_suite
+from lmrepro.scape.sweep import apply_best, run_sweep
 
 log = logging.getLogger(__name__)
 
 
+def suite_runs(suite: ScapeSuite, model: ModelConfig, prepared_dir: str | Path,
+               stage_dir: str | Path = "results/scape") -> list[ScapeRun]:
+    """The suite's runs at their learning rates: the sweep's winners when the section has a
+    sweep with ``apply`` (the sweep is run or resumed first), else their own."""
+    stage_dir = Path(stage_dir)
+    table = run_sweep(suite, model, prepared_dir, stage_dir,
+                      {"model": model.to_dict(),
+                       "data": data_identity(prepared_dir, suite.corpus)})
+    if suite.sweep is None or not suite.sweep.apply:
+        return list(suite.runs)
+    if table["on_edge"]:
+        log.warning("SCAPE sweep: the best lr of %s is on the grid's edge (%s); the optimum "
+                    "may lie beyond", table["on_edge"], suite.sweep.lrs)
+    return apply_best(suite.runs, table["best"])
+
+
 def run_suite(suite: ScapeSuite, model: ModelConfig, seed: int, prepared_dir: str | Path,
               stage_dir: str | Path = "results/scape") -> dict[str, Path]:
-    """Dense AdamW/AdamS, SCAPE and top-k runs of ``suite`` with the same data, seed and steps;
+    """Dense AdamW/AdamS, SCAPE, its ablation and top-k runs of ``suite`` with the same data,
+    seed, steps, clipping, weight-decay groups and schedule, each at its learning rate;
     ``model`` unless the section overrides it. Writes the DVC metrics and plots."""
     stage_dir = Path(stage_dir)
     model = suite.model or model
+    runs = suite_runs(suite, model, prepared_dir, stage_dir)
+    section = {k: v for k, v in suite.to_dict().items() if k != "sweep"}
+    section["runs"] = [r.to_dict() for r in runs]
     prepare_runs_dir(stage_dir / "runs", {"seed": seed, "model": model.to_dict(),
-                                          "scape": suite.to_dict(),
+                                          "scape": section,
                                           "data": data_identity(prepared_dir, suite.corpus)})
-    log.info("SCAPE suite: %d runs x %d workers on %s -> %s", len(suite.runs), suite.world_size,
-             suite.corpus, stage_dir / "runs")
+    log.info("SCAPE suite: %d runs x %d workers on %s -> %s (lrs %s)", len(runs),
+             suite.world_size, suite.corpus, stage_dir / "runs",
+             {r.run_name: r.lr_or(suite.lr) for r in runs})
     dirs = run_scape_suite(Path(prepared_dir) / suite.corpus, stage_dir / "runs" / suite.corpus,
-                           suite.settings, suite.runs, model, suite.world_size, seed=seed,
+                           suite.settings, runs, model, suite.world_size, seed=seed,
                            corpus=suite.corpus)
     out = {f"{suite.corpus}/{d.name}": d for d in dirs}
     write_stage_products(stage_dir, out)
