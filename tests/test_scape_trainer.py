@@ -108,6 +108,22 @@ def test_bad_input(corpus, tmp_path):
         train(*_run(corpus, tmp_path / "b", "scape", 1.0))
     with pytest.raises(ParameterError, match="corpus_dir"):
         train(*_run(tmp_path / "nothing", tmp_path / "c", "scape", 0.9))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
+    from lmrepro.scape.config import ScapeConfig, ScapeRun
+
+    with pytest.raises(ParameterError, match=r"mask_rule = 'stale_m': applies to optimizer "
+                                             r"'scape' only"):
+        ScapeRun(optimizer="topk", sparsity=0.9, mask_rule="stale_m")
+    with pytest.raises(ParameterError, match=r"topk_inner = 'adamw': applies to optimizer"):
+        ScapeRun(optimizer="scape", sparsity=0.9, topk_inner="adamw")
+    with pytest.raises(ParameterError, match=r"scape\.runs\[\]\.lr = 0\.0"):
+        ScapeRun(optimizer="adamw", lr=0.0)
+    with pytest.raises(ParameterError, match=r"scape\.density_start = 0\.0"):
+        ScapeConfig(density_start=0.0)
+    with pytest.raises(ParameterError, match=r"scape\.density_warmup_steps = -1"):
+        ScapeConfig(density_warmup_steps=-1)
+    with pytest.raises(ParameterError, match=r"scape\.max_grad_norm = 0\.0"):
+        ScapeConfig(max_grad_norm=0.0)
 
 
 @pytest.mark.slow
