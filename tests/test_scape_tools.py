@@ -103,7 +103,7 @@ def test_stage_runs_the_sweep_then_the_suite_at_the_winners(corpus, tmp_path, mo
     ab = rep["tables"]["ablation"]
     assert list(ab["method"]) == ["adams", "scape", "scape_stale_m"]
     assert all(0 < float(c) <= 1 for c in ab["final coverage"][1:])
-    for name in ("coverage", "residual_norm", "density", "sweep"):
+    for name in ("coverage", "coverage_at_target", "residual_norm", "density", "sweep"):
         assert (tmp_path / "analysis" / f"scape_{name}.png").stat().st_size > 1000
     grid = rep["tables"]["sweep"]
     assert list(grid["lr"]) == ["0.001", "0.01", "0.1", "1"] and grid.shape[1] == 4

@@ -76,6 +76,9 @@ def test_single_process_run_layout(corpus, tmp_path, monkeypatch, optimizer, spa
     if optimizer == "scape":                # the schedule: 1 dense step, then 1 -> 0.1 over 2
         assert steps[0]["density"] == 1.0 and steps[0]["coverage"] == 0.0
         assert steps[-1]["density"] < steps[2]["density"] < 1.0
+        # counted from the target density on (step 3): fewer coordinates than while warming up
+        assert steps[2]["coverage_at_target"] == 0.0
+        assert 0 < steps[-1]["coverage_at_target"] < steps[-1]["coverage"]
     # a finished run is skipped, not retrained
     mtime = (out / "summary.json").stat().st_mtime_ns
     train(settings, run, model, target)
@@ -152,7 +155,7 @@ def test_kill_worker_then_resume_is_bit_identical(corpus, tmp_path):
 
     a, b = read_run(ref), read_run(done)
     keys = ("step", "loss", "lr", "bytes_grad_values", "bytes_param_values", "bytes_mask",
-            "density", "coverage", "residual_norm", "grad_norm")
+            "density", "coverage", "coverage_at_target", "residual_norm", "grad_norm")
     rows_a = [{k: r[k] for k in keys} for r in a["metrics"] if "loss" in r]
     rows_b = [{k: r[k] for k in keys} for r in b["metrics"] if "loss" in r]
     assert len(rows_a) == 12 and rows_a == rows_b

@@ -256,10 +256,12 @@ class SCAPE(torch.optim.Optimizer):
         self._g = torch.zeros(self.n, dtype=f32, device=dev)       # workspace: local gradient
         self._payload = torch.zeros(self.n + 1, dtype=f32, device=dev)
         self.ever = torch.zeros(self.n, dtype=torch.bool, device=dev)
+        self.ever_at_target = torch.zeros(self.n, dtype=torch.bool, device=dev)
         self._support: torch.Tensor | None = None   # where m may be non-zero (None: anywhere)
         self._pending: _Pending | None = None
         self._step = 0
         self._sparse_steps = 0
+        self._target_steps = 0
         self.last_step_info: dict[str, Any] = {}
 
     # -- torch.optim.Optimizer interface ---------------------------------------------------------
@@ -311,12 +313,15 @@ class SCAPE(torch.optim.Optimizer):
         return {"grad_values": grad, "param_values": 0, "mask": mask, "total": grad + mask}
 
     # -- measurements ----------------------------------------------------------------------------
-    def coverage(self) -> float:
+    def coverage(self, at_target: bool = False) -> float:
         """Fraction of the top-k tensors' coordinates selected at least once during the sparse
-        steps so far (0 before the first sparse step)."""
-        if self._sparse_steps == 0 or self.n_eligible == 0:
+        steps so far (0 before the first); ``at_target``: during the steps at the target
+        density only (after the density warm-up, whose higher densities select more)."""
+        steps, ever = ((self._target_steps, self.ever_at_target) if at_target
+                       else (self._sparse_steps, self.ever))
+        if steps == 0 or self.n_eligible == 0:
             return 0.0
-        return (int(self.ever.sum()) - self.n_excluded) / self.n_eligible
+        return (int(ever.sum()) - self.n_excluded) / self.n_eligible
 
     def residual_norm(self) -> float:
         """L2 norm of this rank's residual, in gradient units (``stale_m``'s own; the momentum
@@ -484,6 +489,9 @@ class SCAPE(torch.optim.Optimizer):
         if idx is not None:
             self.ever.index_fill_(0, idx, True)
             self._sparse_steps += 1
+            if d_now == self.density:
+                self.ever_at_target.index_fill_(0, idx, True)
+                self._target_steps += 1
         info["density"] = k / self.n
         self.last_step_info = info
         self._step += 1
@@ -522,6 +530,7 @@ class SCAPE(torch.optim.Optimizer):
             nxt = self._decode(self._pending).clone()
         return {
             "format": STATE_FORMAT, "step": self._step, "sparse_steps": self._sparse_steps,
+            "target_steps": self._target_steps, "ever_at_target": self.ever_at_target.clone(),
             "rank": self.comm.rank, "world": self.comm.world,
             "numels": [s.numel for s in self.slots], "mask_rule": self.mask_rule,
             "m": self.m.clone(), "residual": self.residual.clone(), "ever": self.ever.clone(),
@@ -551,6 +560,8 @@ class SCAPE(torch.optim.Optimizer):
               f"{len(state['param_groups'])} groups", f"must have {len(self.param_groups)}")
         self._step = int(state["step"])
         self._sparse_steps = int(state["sparse_steps"])
+        self._target_steps = int(state["target_steps"])
+        self.ever_at_target.copy_(state["ever_at_target"])
         self.m.copy_(state["m"])
         self.residual.copy_(state["residual"])
         self.ever.copy_(state["ever"])

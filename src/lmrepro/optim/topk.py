@@ -89,8 +89,9 @@ class TopKEF:
         mask = 4 * self.k if self.index_mask else -(-self.n // 8)
         return {"grad_values": grad, "param_values": 0, "mask": mask, "total": grad + mask}
 
-    def coverage(self) -> float:
-        """Fraction of the top-k tensors' coordinates any rank has sent at least once."""
+    def coverage(self, at_target: bool = False) -> float:
+        """Fraction of the top-k tensors' coordinates any rank has sent at least once (the
+        density is constant: ``at_target`` changes nothing)."""
         eligible = self.n - self.n_excluded
         if self._sparse_steps == 0 or eligible == 0:
             return 0.0

@@ -111,13 +111,15 @@ def build_optimizer(cfg: ScapeConfig, run: ScapeRun, model: torch.nn.Module) -> 
 def step_record(opt: Any) -> dict[str, Any]:
     """What a step of ``opt`` adds to ``metrics.jsonl`` besides loss, lr and time: bytes by kind,
     and for the sparse methods the density used, the coverage (fraction of the top-k tensors'
-    coordinates selected at least once while sparse), this rank's residual norm (gradient units)
+    coordinates selected at least once while sparse, and while at the target density), this
+    rank's residual norm (gradient units)
     and the synced gradient's norm (before clipping); SCAPE also the wait for its mask."""
     rec: dict[str, Any] = {f"bytes_{k}": int(v) for k, v in opt.comm_stats().items()}
     info = getattr(opt, "last_step_info", None)
     if info is not None:
         rec["density"] = float(info["density"])
         rec["coverage"] = float(opt.coverage())
+        rec["coverage_at_target"] = float(opt.coverage(at_target=True))
         rec["residual_norm"] = float(opt.residual_norm())
         rec["grad_norm"] = float(info["grad_norm"])
         if "mask_wait_s" in info:
@@ -331,6 +333,8 @@ def _finish(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarge
                  "mask_rule": run.mask_rule if run.optimizer == "scape" else None,
                  "topk_inner": run.topk_inner if run.optimizer == "topk" else None,
                  "final_coverage": sparse[-1]["coverage"] if sparse else None,
+                 "final_coverage_at_target": (sparse[-1].get("coverage_at_target")
+                                              if sparse else None),
                  "max_residual_norm": max((r["residual_norm"] for r in sparse), default=None),
                  "mean_density": (float(np.mean([r["density"] for r in sparse]))
                                   if sparse else None)},
