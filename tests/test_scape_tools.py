@@ -105,6 +105,10 @@ def test_stage_runs_the_sweep_then_the_suite_at_the_winners(corpus, tmp_path, mo
     assert all(0 < float(c) <= 1 for c in ab["final coverage"][1:])
     for name in ("coverage", "coverage_at_target", "residual_norm", "density", "sweep"):
         assert (tmp_path / "analysis" / f"scape_{name}.png").stat().st_size > 1000
+    lrq = rep["tables"]["lr_findings"].set_index("run")
+    assert sorted(lrq["rank at its best lr"]) == [1, 2, 3]
+    for run, lr in table["best"].items():
+        assert lrq.loc[run, "best lr"] == f"{lr:g}"
     grid = rep["tables"]["sweep"]
     assert list(grid["lr"]) == ["0.001", "0.01", "0.1", "1"] and grid.shape[1] == 4
     doc = tmp_path / "scape.md"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from lmrepro.io import atomic_write_text, read_json, read_jsonl
 from lmrepro.results import METRICS, collect_runs, read_summary
 
 SPARSE_METHODS = ("scape", "scape_stale_m", "topk", "topk_adamw")
+COMMON_LR = 2e-3     # the one lr every method ran at before issue 11 (AdamW's)
 BEGIN, END = "<!-- scape-report:begin -->", "<!-- scape-report:end -->"
 LABELS = {"adamw": "dense AdamW", "adams": "dense AdamS", "scape": "SCAPE (ef_momentum)",
           "scape_stale_m": "SCAPE-stale_m", "topk": "top-k + EF on AdamS",
@@ -153,6 +155,41 @@ def sweep_frame(table: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def lr_findings(table: Mapping[str, Any], common_lr: float) -> pd.DataFrame:
+    """What the sweep says about the learning-rate question: per run, its best lr and bits per
+    byte there, its bits per byte at one common lr (the grid value nearest ``common_lr``), how
+    much worse that is, and the run's rank among the runs at the common lr and at each one's
+    best (1 = lowest bits per byte; a diverged run ranks last)."""
+    rows = table.get("rows") or []
+    if not rows:
+        return pd.DataFrame()
+    lrs = sorted({r["lr"] for r in rows})
+    common = min(lrs, key=lambda x: abs(math.log(x / common_lr)))
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    at = {(r["run"], r["lr"]): r["final_bpb"] for r in rows}
+    best = table.get("best") or {}
+    inf = float("inf")
+
+    def val(x: float | None) -> float:
+        return inf if x is None else x
+
+    at_common = {run: val(at.get((run, common))) for run in runs}
+    at_best = {run: val(at.get((run, best[run]))) if run in best else inf for run in runs}
+    rank_common = {run: i + 1 for i, run in enumerate(sorted(runs, key=at_common.get))}
+    rank_best = {run: i + 1 for i, run in enumerate(sorted(runs, key=at_best.get))}
+    out = []
+    for run in runs:
+        b, c = at_best[run], at_common[run]
+        out.append({"run": run, "best lr": f"{best[run]:g}" if run in best else "all diverged",
+                    "bits/byte at best lr": "" if b == inf else f"{b:.4f}",
+                    f"bits/byte at lr {common:g}": "diverged" if c == inf else f"{c:.4f}",
+                    "worse at the common lr": ("" if inf in (b, c) else
+                                               f"{100 * (c - b) / b:+.1f} %"),
+                    "rank at the common lr": rank_common[run],
+                    "rank at its best lr": rank_best[run]})
+    return pd.DataFrame(out)
+
+
 def sweep_figure(table: Mapping[str, Any]) -> Any:
     """Final bits per byte against the learning rate (log scale), a line per run; diverged
     values are left out (marked on the axis as x)."""
@@ -187,16 +224,18 @@ def _markdown(df: pd.DataFrame) -> str:
 
 
 def scape_report(results_root: str | Path = "results",
-                 out_dir: str | Path | None = "results/analysis/scape") -> dict[str, Any]:
+                 out_dir: str | Path | None = "results/analysis/scape",
+                 common_lr: float = COMMON_LR) -> dict[str, Any]:
     """Tables and figures of the SCAPE stage's runs and sweep; written to ``out_dir`` (CSV and
-    PNG) unless it is None. Returns ``tables``, ``figures``, ``sweep`` and ``runs``."""
+    PNG) unless it is None. ``common_lr``: the one lr :func:`lr_findings` compares against.
+    Returns ``tables``, ``figures``, ``sweep`` and ``runs``."""
     stage = Path(results_root) / "scape"
     runs = collect_runs(stage / "runs")
     loaded = load(runs)
     sweep_path = stage / "sweep" / "sweep.json"
     sweep = read_json(sweep_path) if sweep_path.exists() else {"rows": [], "sweep": None}
     tables = {"methods": method_table(loaded), "ablation": ablation_table(loaded),
-              "sweep": sweep_frame(sweep)}
+              "sweep": sweep_frame(sweep), "lr_findings": lr_findings(sweep, common_lr)}
     figures = {
         "coverage": curve_figure(loaded, "coverage", "fraction ever selected",
                                  "Coverage: coordinates selected at least once while sparse"),
@@ -248,7 +287,10 @@ def doc_section(report: Mapping[str, Any], results_root: str | Path, note: str =
         parts += [f"**Learning-rate sweep** ({sw.get('steps')} steps, seed {sw.get('seed')}; "
                   "final validation bits per byte; `*` = the run's best, used by the suite; "
                   f"winners on the grid's edge: {sweep.get('on_edge') or 'none'}):", "",
-                  _markdown(report["tables"]["sweep"]), ""]
+                  _markdown(report["tables"]["sweep"]), "",
+                  "**The learning-rate question** (from the sweep: each run at one common lr, "
+                  "the section's default, against each at its own best):", "",
+                  _markdown(report["tables"]["lr_findings"]), ""]
     parts.append(END)
     return "\n".join(parts)
 
