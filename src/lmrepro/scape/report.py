@@ -291,6 +291,19 @@ def doc_section(report: Mapping[str, Any], results_root: str | Path, note: str =
                   "**The learning-rate question** (from the sweep: each run at one common lr, "
                   "the section's default, against each at its own best):", "",
                   _markdown(report["tables"]["lr_findings"]), ""]
+    analysis = Path(results_root) / "analysis" / "scape" / "analysis.json"
+    if analysis.exists():
+        comps = read_json(analysis)["comparisons"]
+        rows = pd.DataFrame([{
+            "comparison": c["label"], "pairs": c["n_pairs"],
+            "mean relative difference": ("" if c["mean_rel_diff"] is None
+                                         else f"{100 * c['mean_rel_diff']:+.2f} %"),
+            "one-sided upper bound": ("" if c["upper_bound"] is None
+                                      else f"{100 * c['upper_bound']:+.2f} %"),
+            "margin": f"{100 * c['margin']:.0f} %", "verdict": c["verdict"]} for c in comps])
+        parts += ["**Non-inferiority** (the pipeline's paired bootstrap, "
+                  "`lmrepro.pipeline.analysis`, on the same runs: eval batches of every seed "
+                  "pooled):", "", _markdown(rows), ""]
     parts.append(END)
     return "\n".join(parts)
 
