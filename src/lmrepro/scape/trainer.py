@@ -7,7 +7,7 @@ around AdamW / AdamS) does the gradient communication itself. Rank 0 writes the 
 the layout of :mod:`lmrepro.results`.
 
 Checkpoints (``--checkpoint-every``) use the one format of :mod:`lmrepro.results`:
-``OUT/checkpoints/step_XXXXXXX/rank{r}.pt`` (each rank: its optimizer shard state with the
+``OUT/checkpoints/step_XXXXXXX/rank{r}.pt`` (each rank: its optimizer state with its
 error-feedback residual and the in-flight mask, and its batch generator state; rank 0 also the
 replicated parameters), written atomically; after a barrier rank 0 points
 ``OUT/checkpoints/latest.json`` at the new directory, so a kill at any moment leaves the previous
