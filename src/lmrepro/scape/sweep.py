@@ -110,7 +110,8 @@ def run_sweep(suite: ScapeSuite, model: ModelConfig, prepared_dir: str | Path,
     settings = suite.settings.replace(steps=sweep.steps,
                                       checkpoint_every=min(suite.checkpoint_every, sweep.steps))
     runs_dir = prepare_runs_dir(out_dir / "runs", {
-        **identity, "sweep": sweep.to_dict(), "settings": settings.to_dict(),
+        **identity, "sweep": {k: v for k, v in sweep.to_dict().items() if k != "apply"},
+        "settings": settings.to_dict(),
         "runs": [r.replace(lr=None).to_dict() for r in suite.runs],
         "world_size": suite.world_size, "corpus": suite.corpus})
     pairs = sweep_runs(suite)
