@@ -6,8 +6,8 @@ interpreter so it works inside a virtual environment without ``torchrun`` on ``P
 subprocess in its own session, logs to ``OUT/launch.log`` and returns the run directory.
 :func:`run_scape_suite` runs a list of runs of the SCAPE comparison (arXiv 2607.01678) on one
 corpus (the ``scape:`` section's suite, or the learning-rate sweep's runs) with the same data,
-seed and steps, skipping runs whose ``summary.json`` exists (a resumable pipeline: an interrupted run also
-resumes from its last checkpoint).
+seed and steps, skipping runs whose ``summary.json`` exists (a resumable pipeline: an
+interrupted run also resumes from its last checkpoint).
 """
 
 from __future__ import annotations
