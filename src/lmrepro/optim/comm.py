@@ -321,7 +321,7 @@ def keep_count(density: float, numel: int) -> int:
 def topk_indices(score: torch.Tensor, k: int) -> torch.Tensor:
     """Indices (int64, ascending) of the ``k`` largest entries of a 1-D ``score``.
 
-    On CPU ``numpy.argpartition`` (introselect, linear time) is 3-7x faster than ``torch.topk``
+    On CPU ``numpy.argpartition`` (introselect, linear time), faster than ``torch.topk`` + sort
     at these sizes (measured in ``bench/bench_scape_netns.py``); on other devices ``torch.topk``.
     Among equal scores at the boundary either choice is valid: the owner's choice is what every
     rank receives."""
