@@ -107,7 +107,7 @@ def time_methods(dev: torch.device, steps: int, model_cfg: ModelConfig, batch: i
                 torch.cuda.synchronize(dev)
             if i >= 2:
                 times.append(time.perf_counter() - t0)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         rows.append({"method": run.run_name, "step_ms": 1e3 * statistics.median(times),
                      "bytes": opt.comm_stats(), "first_loss": losses[0],
                      "last_loss": losses[-1]})
