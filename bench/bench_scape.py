@@ -7,7 +7,7 @@ communication + update + parameter exchange), bytes handed to collectives per st
 (``comm_stats()``, steady state after the warm-up steps), and the dense / SCAPE ratios measured in
 this run.
 
-    /tmp/venv/bin/python bench/bench_scape.py --world 2 --d-model 256 --layers 4 --steps 20
+    python bench/bench_scape.py --world 2 --d-model 256 --layers 4 --steps 20
 
 On one machine over loopback, gloo moves bytes at memory speed, so the byte ratio is the
 portable result and the time ratio mostly reflects the extra indexing work of the sparse path;
@@ -28,16 +28,20 @@ import torch.multiprocessing as mp
 
 from lmrepro.distributed import free_port
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
-from lmrepro.optim import SCAPE, AdamS, DenseDP, TopKEF
+from lmrepro.scape.config import ScapeConfig, ScapeRun
+from lmrepro.scape.trainer import build_optimizer
 
 
 def _build(method: str, model: torch.nn.Module, lr: float):
-    if method == "dense_adams":
-        return DenseDP(AdamS(model.parameters(), lr=lr))
-    if method.startswith("scape"):
-        return SCAPE(model.named_parameters(), lr=lr, sparsity=int(method[5:]) / 100)
-    if method.startswith("topk"):
-        return TopKEF(model.named_parameters(), lr=lr, sparsity=int(method[4:]) / 100)
+    """The optimizer of ``method`` exactly as ``train-scape`` builds it (same groups, clipping,
+    bias correction): ``adamw``, ``adams``, ``scape<percent>``, ``topk<percent>``."""
+    cfg = ScapeConfig(steps=1, batch_size=1, lr=lr, warmup_steps=0)
+    if method in ("adamw", "adams"):
+        return build_optimizer(cfg, ScapeRun(optimizer=method), model)
+    for name in ("scape", "topk"):
+        if method.startswith(name):
+            run = ScapeRun(optimizer=name, sparsity=int(method[len(name):]) / 100)
+            return build_optimizer(cfg, run, model)
     raise ValueError(method)
 
 
@@ -92,7 +96,7 @@ def main() -> None:
     ap.add_argument("--warmup-steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--methods", default="dense_adams,scape90,scape99,topk99")
+    ap.add_argument("--methods", default="adamw,adams,scape90,scape99,topk99")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -117,12 +121,12 @@ def main() -> None:
         b = r["bytes"]
         print(f"{m:<12}{r['step_ms']:>10.1f}{r['opt_ms']:>13.1f}{b['grad_values']:>12.0f}"
               f"{b['param_values']:>12.0f}{b['mask']:>10.0f}{b['total']:>12.0f}")
-    if "dense_adams" in results:
-        d = results["dense_adams"]
+    if "adamw" in results:
+        d = results["adamw"]
         for m, r in results.items():
-            if m == "dense_adams":
+            if m == "adamw":
                 continue
-            print(f"dense_adams / {m}: bytes x{d['bytes']['total'] / r['bytes']['total']:.1f}, "
+            print(f"adamw / {m}: bytes x{d['bytes']['total'] / r['bytes']['total']:.1f}, "
                   f"step time x{d['step_ms'] / r['step_ms']:.2f}, "
                   f"opt.step time x{d['opt_ms'] / r['opt_ms']:.2f}")
 

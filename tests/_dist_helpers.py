@@ -92,58 +92,123 @@ def flat(ts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in ts])
 
 
-class ReferenceSCAPE:
-    """A straightforward single-process simulation of ``world`` SCAPE workers on dense vectors
-    (DESIGN.md steps 1-6), sharing no code with lmrepro.optim."""
+def owners_by_numel(numels: list[int], world: int) -> list[int]:
+    """Contiguous, numel-balanced ownership as the SCAPE authors' reducer assigns it, written
+    out plainly: walk the tensors in order; the current owner hands over once it holds at least
+    total/world coordinates while more tensors than remaining owners are left, or as soon as only
+    as many tensors as remaining owners are left."""
+    total = sum(numels)
+    out, owner, held = [], 0, 0
+    for i, n in enumerate(numels):
+        out.append(owner)
+        held += n
+        tensors_left = len(numels) - 1 - i
+        owners_left = world - 1 - owner
+        if owners_left > 0 and ((held >= total / world and tensors_left > owners_left)
+                                or tensors_left <= owners_left):
+            owner += 1
+            held = 0
+    return out
 
-    def __init__(self, p0: torch.Tensor, world: int, sparsity: float, lr: float,
-                 betas: tuple[float, float], eps: float, wd: float) -> None:
+
+class ReferenceSCAPE:
+    """A plain single-process simulation of ``world`` SCAPE workers (DESIGN.md, "SCAPE, reference
+    algorithm (revised)", steps 1-6, with the options of the authors' code), on one flat vector
+    per worker. Shares no code with lmrepro.optim.
+
+    ``shapes`` are the tensors in the optimizer's flat order; ``groups[i]`` is the parameter
+    group of tensor ``i`` and ``group_hp[g] = (lr, weight_decay)``."""
+
+    def __init__(self, p0: torch.Tensor, shapes: list[tuple[int, ...]], groups: list[int],
+                 group_hp: list[tuple[float, float]], world: int, density: float,
+                 betas: tuple[float, float], eps: float, *, dense_steps: int = 0,
+                 density_start: float = 1.0, warmup: int = 0, exclude_1d: bool = True,
+                 bias_correction: bool = True, max_grad_norm: float | None = None) -> None:
+        self.p = p0.clone()
         self.n = p0.numel()
         self.world = world
-        self.shard = math.ceil(self.n / world)
-        self.n_pad = self.shard * world
-        self.k = max(1, min(self.shard, math.ceil(round((1 - sparsity) * self.shard, 6))))
-        self.p = torch.zeros(self.n_pad)
-        self.p[:self.n] = p0
-        self.m = torch.zeros(self.n_pad)
-        self.r = torch.zeros(world, self.n_pad)
-        self.mask: torch.Tensor | None = None
-        self.lr, self.b1, self.b2, self.eps, self.wd = lr, betas[0], betas[1], eps, wd
+        self.m = torch.zeros(self.n)
+        self.r = [torch.zeros(self.n) for _ in range(world)]
+        self.mask: torch.Tensor | None = None      # bool, the mask of the next step
+        self.t = 0
+        self.b1, self.b2 = betas
+        self.eps = eps
+        self.target, self.dense_steps, self.start, self.warmup = (density, dense_steps,
+                                                                  density_start, warmup)
+        self.bias_correction, self.max_grad_norm = bias_correction, max_grad_norm
+        self.tensors = []       # (offset, numel, excluded)
+        off = 0
+        for s in shapes:
+            n = math.prod(s)
+            self.tensors.append((off, n, exclude_1d and len(s) <= 1))
+            off += n
+        sparse = [n for _, n, ex in self.tensors if not ex]
+        it = iter(owners_by_numel(sparse, world))
+        self.owner = [None if ex else next(it) for _, _, ex in self.tensors]
+        self.lr = torch.zeros(self.n)
+        self.wd = torch.zeros(self.n)
+        for (o, n, _), g in zip(self.tensors, groups):
+            self.lr[o:o + n] = group_hp[g][0]
+            self.wd[o:o + n] = group_hp[g][1]
 
-    def step(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """``grads[r]`` flat (n,) for each worker; returns the mask used this step."""
-        g = torch.zeros(self.world, self.n_pad)
-        for r in range(self.world):
-            g[r, :self.n] = grads[r]
-        a = self.r + g
-        mask = torch.arange(self.n_pad) if self.mask is None else self.mask
-        total = a[0, mask].clone()
-        for r in range(1, self.world):
-            total = total + a[r, mask]
-        gbar = total / self.world
-        self.r = a.clone()
-        self.r[:, mask] = 0.0
-        m_prev = self.m[mask]
-        m_new = self.b1 * m_prev + (1 - self.b1) * gbar
-        v_new = self.b2 * m_prev ** 2 + (1 - self.b2) * gbar ** 2
-        p_prev = self.p[mask]
-        self.p[mask] = p_prev - self.lr * (m_new / (torch.sqrt(v_new) + self.eps)
-                                           + self.wd * p_prev)
-        self.m[mask] = m_new
-        if self.k < self.shard:
-            parts = []
-            for j in range(self.world):
-                score = self.m[j * self.shard:(j + 1) * self.shard].abs().clone()
-                real = max(0, min(self.shard, self.n - j * self.shard))
-                score[real:] = -float("inf")
-                idx = torch.topk(score, self.k).indices.sort().values + j * self.shard
-                parts.append(idx)
-            self.mask = torch.cat(parts)
+    def density(self, t: int) -> float:
+        if t < self.dense_steps:
+            return 1.0
+        tau = t - self.dense_steps
+        if self.warmup > 0 and tau < self.warmup:
+            return self.start + (self.target - self.start) * tau / self.warmup
+        return self.target
+
+    def _choose(self, cs: list[torch.Tensor], d: float) -> torch.Tensor:
+        mask = torch.zeros(self.n, dtype=torch.bool)
+        for (o, n, ex), owner in zip(self.tensors, self.owner):
+            if ex:
+                mask[o:o + n] = True
+                continue
+            k = min(n, max(1, math.ceil(round(d * n, 6))))
+            top = torch.topk(cs[owner][o:o + n].abs(), k).indices
+            mask[o + top] = True
+        return mask
+
+    def step(self, grads: list[torch.Tensor], lr_scale: float = 1.0) -> torch.Tensor:
+        """``grads[i]``: worker i's flat gradient. Returns the mask used (bool)."""
+        b1, b2 = self.b1, self.b2
+        d, d_next = self.density(self.t), self.density(self.t + 1)
+        cs = [b1 * self.m + (1 - b1) * g + r for g, r in zip(grads, self.r)]
+        if d >= 1.0:
+            mask = torch.ones(self.n, dtype=torch.bool)
+        elif self.mask is None:
+            mask = self._choose(cs, d)             # bootstrap from the owners' c
+        else:
+            mask = self.mask
+        total = cs[0].clone()
+        for c in cs[1:]:
+            total = total + c
+        mean = total / self.world
+        m_new = torch.where(mask, mean, torch.zeros(()))
+        self.r = [torch.where(mask, torch.zeros(()), c) for c in cs]
+        gt = torch.where(mask, (m_new - b1 * self.m) / (1 - b1), torch.zeros(()))
+        if self.max_grad_norm is not None:
+            norm = gt.double().norm().item()
+            coef = self.max_grad_norm / (norm + 1e-6)
+            if coef < 1:
+                gt = gt * coef
+                m_new = torch.where(mask, b1 * self.m + (1 - b1) * gt, torch.zeros(()))
+        v = b2 * self.m ** 2 + (1 - b2) * gt ** 2
+        step = self.t + 1
+        bc1 = 1 / (1 - b1 ** step) if self.bias_correction else 1.0
+        bc2 = 1 / math.sqrt(1 - b2 ** step) if self.bias_correction else 1.0
+        u = m_new * bc1 / (torch.sqrt(v) * bc2 + self.eps)
+        lr = self.lr * lr_scale
+        self.p = self.p - lr * (u + self.wd * self.p)
+        self.mask = self._choose(cs, d_next) if d_next < 1.0 else None
+        self.m = m_new
+        self.t += 1
         return mask
 
     @property
     def params(self) -> torch.Tensor:
-        return self.p[:self.n]
+        return self.p
 
 
 def write_tiny_corpus(root: str | os.PathLike, n_words: int = 40_000, seed: int = 0) -> str:

@@ -85,3 +85,25 @@ def test_single_state_buffer_and_skips_none_grads():
 def test_bad_hyperparameters(kw, name):
     with pytest.raises(ParameterError, match=name):
         AdamS([torch.zeros(1, requires_grad=True)], **kw)
+
+
+def test_bias_correction_divides_like_adam():
+    """bias_correction=True: m / (1 - b1^t) over sqrt(v / (1 - b2^t)) + eps, t the step count
+    (the AdamS of the SCAPE authors' runs)."""
+    lr, b1, b2, eps = 0.01, 0.9, 0.99, 1e-8
+    gen = torch.Generator().manual_seed(1)
+    p = torch.randn(6, generator=gen, dtype=torch.float64, requires_grad=True)
+    opt = AdamS([p], lr=lr, betas=(b1, b2), eps=eps, bias_correction=True)
+    ref_p, ref_m = p.detach().tolist(), [0.0] * 6
+    for t in range(1, 5):
+        g = torch.randn(6, generator=gen, dtype=torch.float64)
+        p.grad = g.clone()
+        opt.step()
+        for i, gi in enumerate(g.tolist()):
+            m = b1 * ref_m[i] + (1 - b1) * gi
+            v = b2 * ref_m[i] ** 2 + (1 - b2) * gi ** 2
+            ref_p[i] -= lr * (m / (1 - b1 ** t)) / (math.sqrt(v / (1 - b2 ** t)) + eps)
+            ref_m[i] = m
+        assert torch.allclose(p.detach(), torch.tensor(ref_p, dtype=torch.float64), atol=1e-12)
+    with pytest.raises(ParameterError, match="bias_correction"):
+        AdamS([p], bias_correction="yes")

@@ -169,10 +169,13 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[BaseModel], prefix:
 
 
 def from_arguments(cls: type[Section], args: argparse.Namespace, base: dict | None = None,
-                   prefix: str = "") -> Any:
-    """Build ``cls`` from the flags the user gave (over ``base``), validated."""
+                   prefix: str = "", exclude: typing.Collection[str] = ()) -> Any:
+    """Build ``cls`` from the flags the user gave (over ``base``), validated; fields in
+    ``exclude`` keep their defaults (as :func:`add_arguments` and :func:`to_argv` skip them)."""
     values: dict[str, Any] = dict(base or {})
     for name, field in cls.model_fields.items():
+        if name in exclude:
+            continue
         t, _ = _unwrap(field.annotation)
         if _is_section(t):
             nested = from_arguments(t, args, values.get(name), prefix=f"{prefix}{name}_")

@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lmrepro.config import config_error
 from lmrepro.errors import ParameterError, check
@@ -70,8 +70,10 @@ class Method(enum.StrEnum):
     BACKPROP = "backprop"      # single-process global backprop with AdamW (baseline, RGC's foil)
     ADAMW = "adamw"            # data-parallel dense AdamW (SCAPE's dense baseline)
     ADAMS = "adams"            # data-parallel dense AdamS
-    SCAPE = "scape"            # SCAPE (sparse AdamS)
-    TOPK = "topk"              # raw-gradient top-k with error feedback (SCAPE's foil)
+    SCAPE = "scape"            # SCAPE (sparse AdamS, the authors' error-feedback momentum rule)
+    SCAPE_STALE_M = "scape_stale_m"   # SCAPE with the stale-|m| mask rule (an ablation)
+    TOPK = "topk"              # raw-gradient top-k with error feedback on AdamS (SCAPE's foil)
+    TOPK_ADAMW = "topk_adamw"  # the same top-k on AdamW
     RGC = "rgc"                # bounded-horizon local training with readout-gradient consensus
 
 
@@ -86,7 +88,8 @@ class RunSummary(BaseModel):
     (:mod:`lmrepro.memory`), beside the footprint of an idle torch process on the same machine;
     ``step_time_std_s`` is the standard deviation of the logged step times (the spread a timing
     comparison must exceed). Non-finite numbers are refused: a run that produced one is not a
-    finished run.
+    finished run. A run that diverged (a non-finite loss or gradient) stops there and records
+    ``diverged_at_step`` with ``final_bpb = None``: the analysis counts it as not non-inferior.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, use_enum_values=True)
@@ -97,7 +100,8 @@ class RunSummary(BaseModel):
     seed: int
     steps: int = Field(ge=0)
     tokens: int = Field(ge=0)
-    final_bpb: float
+    final_bpb: float | None        # None when the run diverged (then diverged_at_step is set)
+    diverged_at_step: int | None = None   # the step whose loss or gradient was not finite
     tokens_per_s: float = Field(gt=0)
     mean_step_time_s: float = Field(gt=0)
     train_time_s: float = Field(gt=0)
@@ -116,6 +120,14 @@ class RunSummary(BaseModel):
     bytes_per_step_after_step0: dict[str, float] | None = None
     details: dict[str, Any] = Field(default_factory=dict)   # trainer-specific facts
     config: dict[str, Any] = Field(default_factory=dict)    # the run's full configuration
+
+    @model_validator(mode="after")
+    def _diverged_or_measured(self) -> RunSummary:
+        if (self.final_bpb is None) != (self.diverged_at_step is not None):
+            raise ValueError("final_bpb must be None exactly when diverged_at_step is set "
+                             f"(final_bpb = {self.final_bpb!r}, diverged_at_step = "
+                             f"{self.diverged_at_step!r})")
+        return self
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(self.model_dump_json())

@@ -10,9 +10,9 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "AdamS": "adams", "adams_update": "adams", "DenseDP": "comm", "MASK_SCORES": "scape",
-    "ParameterError": "errors", "SCAPE": "scape", "TopKEF": "topk",
-    "weight_decay_groups": "groups",
+    "AdamS": "adams", "adams_update": "adams", "DenseDP": "comm", "MASK_RULES": "scape",
+    "NonFiniteGradientError": "errors", "ParameterError": "errors", "SCAPE": "scape",
+    "TopKEF": "topk", "density_at": "scape", "weight_decay_groups": "groups",
 }
 __all__ = sorted(_EXPORTS)
 

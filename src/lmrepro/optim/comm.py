@@ -1,39 +1,34 @@
-"""Shared machinery of the distributed optimizers: byte-counted collectives, flat parameter
-buffers, ZeRO-1 shard bounds, mask encodings, input checks, and the dense data-parallel wrapper
-used for the AdamW / AdamS baselines.
+"""Shared machinery of the distributed optimizers: byte-counted collectives, parameter groups and
+flat buffers, per-tensor top-k, bit packing, gradient clipping, input checks, and the dense
+data-parallel wrapper used for the AdamW / AdamS baselines.
 
 Byte accounting (``comm_stats``): every collective goes through :class:`Comm`, which adds
 ``numel * element_size`` of the tensor *this rank hands in* to a per-step counter under a kind
-(``grad_values``, ``param_values``, ``mask``). This is the quantity the SCAPE issue asks for; for a
-ring implementation the bytes a rank actually puts on the wire are ``(p-1)/p`` of the hand-in for
-reduce-scatter, ``(p-1)`` times it for all-gather and ``2(p-1)/p`` of it for all-reduce (see
-``docs/scape.md``). With ``torch.distributed`` not initialised (or a world of one) the collectives
-are local copies, and the hand-in is still counted so byte counts describe the algorithm, not the
-world size.
+(``grad_values``: the values of the step's synchronising collective, gradients or corrected
+momenta; ``param_values``; ``mask``). For a ring implementation the bytes a rank actually puts on
+the wire are ``2(p-1)/p`` of the hand-in for an all-reduce and ``(p-1)`` times it for an
+all-gather (see ``docs/scape.md``). With ``torch.distributed`` not initialised (or a world of
+one) the collectives are local, and the hand-in is still counted so byte counts describe the
+algorithm, not the world size.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import ParameterError, check
+from .errors import NonFiniteGradientError, ParameterError, check
 
 KINDS = ("grad_values", "param_values", "mask")
 
 
 def _dist_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def _reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(out, inp, group=group)
 
 
 def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any, async_op: bool) -> Any:
@@ -78,23 +73,14 @@ class Comm:
         self._current[kind] += t.numel() * t.element_size()
 
     # -- counted collectives --------------------------------------------------------------------
-    def all_reduce_(self, t: torch.Tensor, kind: str) -> torch.Tensor:
-        """Sum ``t`` over ranks in place."""
+    def all_reduce_(self, t: torch.Tensor, kind: str, async_op: bool = False) -> Any:
+        """Sum ``t`` over ranks in place; returns the work handle when ``async_op`` (else, and
+        when local, ``None``)."""
         self._count(t, kind)
-        if self.distributed:
-            dist.all_reduce(t, group=self.group)
-        return t
-
-    def reduce_scatter(self, inp: torch.Tensor, kind: str) -> torch.Tensor:
-        """Sum ``inp`` (``world`` equal chunks) over ranks; rank ``j`` gets chunk ``j``."""
-        check(inp.numel() % self.world == 0, "reduce_scatter input size", inp.numel(),
-              f"must be a multiple of the world size {self.world}")
-        self._count(inp, kind)
         if not self.distributed:
-            return inp.clone()
-        out = torch.empty(inp.numel() // self.world, dtype=inp.dtype, device=inp.device)
-        _reduce_scatter(out, inp.contiguous(), self.group)
-        return out
+            return None
+        work = dist.all_reduce(t, group=self.group, async_op=async_op)
+        return work if async_op else None
 
     def all_gather(self, inp: torch.Tensor, kind: str, async_op: bool = False
                    ) -> tuple[torch.Tensor, Any]:
@@ -126,20 +112,77 @@ class Comm:
 
 
 # ---------------------------------------------------------------------------------------------
-# parameters
+# parameters and parameter groups
 # ---------------------------------------------------------------------------------------------
-def split_named(params: Iterable[Any]) -> tuple[list[torch.Tensor], list[str]]:
+def split_named(params: Iterable[Any], prefix: str = "params") -> tuple[list[torch.Tensor],
+                                                                         list[str]]:
     """Accept tensors or ``(name, tensor)`` pairs; return tensors and display names."""
+    check(not isinstance(params, (torch.Tensor, str, dict)), prefix, type(params).__name__,
+          "must be an iterable of tensors, (name, tensor) pairs or parameter-group dicts")
     tensors, names = [], []
     for i, p in enumerate(params):
         if isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str):
             names.append(p[0])
             p = p[1]
         else:
-            names.append(f"params[{i}]")
+            names.append(f"{prefix}[{i}]")
         check(isinstance(p, torch.Tensor), names[-1], type(p).__name__, "must be a torch.Tensor")
         tensors.append(p)
     return tensors, names
+
+
+def param_groups(params: Iterable[Any], who: str) -> list[dict[str, Any]]:
+    """Normalise ``params`` (tensors, ``(name, tensor)`` pairs, or parameter-group dicts as
+    ``torch.optim`` takes them) into groups ``{"params": [tensors], "names": [str], ...}``.
+
+    A group's other keys (``lr``, ``weight_decay``, ...) are kept for the optimizer to check. A
+    group without ``params``, an empty group, a non-tensor or a tensor listed twice is refused
+    with a message naming it."""
+    items: list[Any] = (list(params) if not isinstance(params, (torch.Tensor, dict))
+                        else [params])
+    check(len(items) > 0, f"{who}.params", [], "must contain at least one tensor or group")
+    groups: list[dict[str, Any]] = []
+    if not any(isinstance(x, dict) for x in items):
+        tensors, names = split_named(items)
+        groups.append({"params": tensors, "names": names})
+    else:
+        for i, g in enumerate(items):
+            check(isinstance(g, dict), f"{who}.params[{i}]", type(g).__name__,
+                  "must be a dict when any entry is a parameter group (do not mix groups and "
+                  "tensors)")
+            check("params" in g, f"{who}.params[{i}]", {k: v for k, v in g.items()},
+                  "a parameter group must be a dict with a 'params' entry (a list of tensors)")
+            tensors, names = split_named(
+                [g["params"]] if isinstance(g["params"], torch.Tensor) else g["params"],
+                prefix=f"params[{i}].params")
+            if "names" in g:
+                given = list(g["names"])
+                check(len(given) == len(tensors), f"{who}.params[{i}].names", len(given),
+                      f"must name each of the group's {len(tensors)} tensors")
+                names = [str(n) for n in given]
+            check(len(tensors) > 0, f"{who}.params[{i}].params", [],
+                  "must contain at least one tensor")
+            groups.append({**g, "params": tensors, "names": names})
+    seen: dict[int, str] = {}
+    for g in groups:
+        for p, n in zip(g["params"], g["names"]):
+            check(id(p) not in seen, f"{who}.params ({n})", "listed twice",
+                  f"each parameter may appear once (first as {seen.get(id(p))})")
+            seen[id(p)] = n
+    return groups
+
+
+def params_and_names(optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], list[str]]:
+    """An optimizer's parameters in group order, with the names its groups carry under
+    ``"names"`` (:func:`lmrepro.optim.groups.weight_decay_groups` sets them), else
+    ``params[i]``."""
+    params: list[torch.Tensor] = []
+    names: list[str] = []
+    for g in optimizer.param_groups:
+        given = g.get("names") or [f"params[{len(params) + i}]" for i in range(len(g["params"]))]
+        params += list(g["params"])
+        names += [str(n) for n in given]
+    return params, names
 
 
 def check_params(params: list[torch.Tensor], names: list[str], who: str) -> None:
@@ -170,38 +213,32 @@ def check_grads(params: list[torch.Tensor], names: list[str], who: str) -> None:
               f"must be the parameter's device {p.device}")
 
 
-def check_sparsity(sparsity: float, who: str) -> None:
-    check(isinstance(sparsity, (int, float)) and not isinstance(sparsity, bool)
-          and 0.0 <= float(sparsity) < 1.0, f"{who}.sparsity", sparsity,
-          "must be a number in [0, 1) (fraction of coordinates NOT sent each step)")
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every entry of ``x`` is finite, in one pass (``aminmax`` propagates NaN, and an
+    infinity is the minimum or the maximum)."""
+    if x.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(x)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
-def keep_count(sparsity: float, n: int) -> int:
-    """Coordinates kept out of ``n``: ``ceil((1 - sparsity) * n)``, at least 1, at most ``n``."""
-    return max(1, min(n, math.ceil(round((1.0 - sparsity) * n, 6))))
-
-
-@dataclass(frozen=True)
-class ShardLayout:
-    """ZeRO-1 layout of a flat vector of ``n`` coordinates padded to ``n_pad = world * shard``.
-
-    Rank ``j`` owns ``[j * shard, (j + 1) * shard)``; the padding (at most ``world - 1``
-    coordinates, all in the last shard) always holds zeros.
-    """
-
-    n: int
-    world: int
-
-    @property
-    def shard(self) -> int:
-        return -(-self.n // self.world)
-
-    @property
-    def n_pad(self) -> int:
-        return self.shard * self.world
-
-    def bounds(self, rank: int) -> tuple[int, int]:
-        return rank * self.shard, (rank + 1) * self.shard
+def nonfinite_error(who: str, params: Sequence[torch.Tensor], names: Sequence[str],
+                    ranks_bad: int, comm: Comm) -> NonFiniteGradientError:
+    """The error every rank raises when ``ranks_bad`` ranks handed in a non-finite gradient; the
+    ranks that hold one name the first such parameter and its first bad value."""
+    for p, n in zip(params, names):
+        g = p.grad
+        if g is not None and not all_finite(g):
+            bad = g.reshape(-1)[~torch.isfinite(g.reshape(-1))][0].item()
+            return NonFiniteGradientError(
+                f"{who}.params ({n}).grad", bad,
+                f"must be finite (rank {comm.rank} of {comm.world}; {ranks_bad} rank(s) of the "
+                "group have a non-finite gradient this step; nothing was updated: the loss "
+                "diverged: lower the learning rate or raise the warm-up)")
+    return NonFiniteGradientError(
+        f"{who}: gradients of {ranks_bad} other rank(s)", "non-finite",
+        f"must be finite (this is rank {comm.rank} of {comm.world}, whose gradient is finite; "
+        "nothing was updated: the loss diverged)")
 
 
 def grads_to_flat(params: Iterable[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
@@ -236,13 +273,12 @@ class FlatParams:
     buffers do). ``load_state_dict`` on the model still works: it copies into the views.
     """
 
-    def __init__(self, params: list[torch.Tensor], n_pad: int | None = None) -> None:
+    def __init__(self, params: list[torch.Tensor]) -> None:
         self.params = params
         self.numels = [p.numel() for p in params]
         self.n = sum(self.numels)
-        n_pad = self.n if n_pad is None else n_pad
         p0 = params[0]
-        self.flat = torch.zeros(n_pad, dtype=p0.dtype, device=p0.device)
+        self.flat = torch.zeros(self.n, dtype=p0.dtype, device=p0.device)
         off = 0
         with torch.no_grad():
             for p, k in zip(params, self.numels):
@@ -251,7 +287,7 @@ class FlatParams:
                 off += k
 
     def gather_grads(self, out: torch.Tensor) -> torch.Tensor:
-        """Copy the gradients into ``out[:n]`` (``out`` zero beyond ``n``)."""
+        """Copy the gradients into ``out``."""
         return grads_to_flat(self.params, out)
 
     def check_still_bound(self, who: str) -> None:
@@ -264,43 +300,76 @@ class FlatParams:
 
 
 # ---------------------------------------------------------------------------------------------
-# masks: selection and encoding
+# density, top-k, bit packing, clipping
 # ---------------------------------------------------------------------------------------------
-def select_topk_sorted(score: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the ``k`` largest scores, sorted ascending (a canonical, deterministic order)."""
-    if k >= score.numel():
-        return torch.arange(score.numel(), device=score.device)
+def check_density(density: Any, name: str) -> None:
+    check(isinstance(density, (int, float)) and not isinstance(density, bool)
+          and 0.0 < float(density) <= 1.0, name, density,
+          "must be a number in (0, 1] (fraction of a tensor's coordinates sent each step; "
+          "density = 1 - sparsity)")
+
+
+def keep_count(density: float, numel: int) -> int:
+    """Coordinates kept of a tensor of ``numel``: ``max(1, ceil(density * numel))``, at most
+    ``numel`` (DESIGN.md step 6). The product is rounded to 6 decimals first so that a density
+    written as ``1 - 0.99`` (= 0.010000000000000009) keeps 100 of 10 000, not 101."""
+    if density >= 1.0:
+        return numel
+    return max(1, min(numel, math.ceil(round(density * numel, 6))))
+
+
+def topk_indices(score: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (int64, ascending) of the ``k`` largest entries of a 1-D ``score``.
+
+    On CPU ``numpy.argpartition`` (introselect, linear time), faster than ``torch.topk`` + sort
+    at these sizes (measured in ``bench/bench_scape_netns.py``); on other devices ``torch.topk``.
+    Among equal scores at the boundary either choice is valid: the owner's choice is what every
+    rank receives."""
+    n = score.numel()
+    if k >= n:
+        return torch.arange(n, device=score.device)
+    if score.device.type == "cpu":
+        a = score.detach().numpy()
+        idx = np.argpartition(a, n - k)[n - k:]
+        idx.sort()
+        return torch.from_numpy(idx.astype(np.int64, copy=False))
     return torch.topk(score, k, sorted=False).indices.sort().values
 
 
-def mask_encoding(size: int, k: int) -> str:
-    """``"index"`` (k int32) or ``"bitmap"`` (ceil(size/8) bytes), whichever is smaller."""
-    return "index" if 4 * k <= -(-size // 8) else "bitmap"
+def pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """A bool vector as little-endian packed bytes (uint8, ``ceil(n / 8)`` of them)."""
+    if bits.device.type == "cpu":
+        return torch.from_numpy(np.packbits(bits.numpy(), bitorder="little"))
+    n = bits.numel()
+    padded = torch.zeros(-(-n // 8) * 8, dtype=torch.uint8, device=bits.device)
+    padded[:n] = bits.to(torch.uint8)
+    weights = 1 << torch.arange(8, device=bits.device, dtype=torch.uint8)
+    return (padded.view(-1, 8) * weights).sum(1, dtype=torch.uint8)
 
 
-def encode_mask(local_idx: torch.Tensor, size: int, kind: str) -> torch.Tensor:
-    """Encode sorted indices in ``[0, size)`` as int32 indices or a little-endian bitmap."""
-    if kind == "index":
-        return local_idx.to(torch.int32)
-    nbytes = -(-size // 8)
-    bits = torch.zeros(nbytes * 8, dtype=torch.uint8, device=local_idx.device)
-    bits[local_idx] = 1
-    weights = (1 << torch.arange(8, device=local_idx.device, dtype=torch.int32))
-    return (bits.view(nbytes, 8).to(torch.int32) * weights).sum(1).to(torch.uint8)
+def unpacked_indices(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of :func:`pack_bits` as the sorted int64 positions of the set bits among the
+    first ``n``."""
+    if packed.device.type == "cpu":
+        unpacked = np.unpackbits(packed.numpy(), bitorder="little", count=n)
+        return torch.from_numpy(np.flatnonzero(unpacked.view(bool)))
+    shifts = torch.arange(8, device=packed.device, dtype=torch.uint8)
+    bits = (packed.unsqueeze(1) >> shifts) & 1
+    return bits.reshape(-1)[:n].nonzero().squeeze(1)
 
 
-def decode_mask(buf: torch.Tensor, size: int, kind: str) -> torch.Tensor:
-    """Inverse of :func:`encode_mask`: sorted int64 indices."""
-    if kind == "index":
-        return buf.to(torch.int64)
-    shifts = torch.arange(8, device=buf.device, dtype=torch.int32)
-    bits = (buf.to(torch.int32).unsqueeze(1) >> shifts) & 1
-    return bits.reshape(-1)[:size].nonzero().squeeze(1)
+def clip_coefficient(norm: float, max_norm: float | None) -> float:
+    """``max_norm / (norm + 1e-6)`` when that is below 1, else 1: the coefficient of
+    ``torch.nn.utils.clip_grad_norm_`` (and of the SCAPE authors' ``move_clip_grad_to_reducer``)."""
+    if max_norm is None:
+        return 1.0
+    return min(1.0, max_norm / (norm + 1e-6))
 
 
-def encoded_nbytes(size: int, k: int) -> int:
-    """Bytes of one rank's encoded mask (what it hands to the mask all-gather)."""
-    return 4 * k if mask_encoding(size, k) == "index" else -(-size // 8)
+def check_max_grad_norm(value: Any, name: str) -> None:
+    check(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                            and math.isfinite(value) and value > 0), name, value,
+          "must be None (no clipping) or a finite number > 0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,17 +379,22 @@ class DenseDP:
     """Dense data parallelism around any ``torch.optim.Optimizer`` (AdamW / AdamS baselines).
 
     ``loss.backward(); opt.step()``: ``step`` all-reduces the flattened gradient (one collective,
-    counted as ``grad_values``), divides by the world size and lets the inner optimizer step on the
-    mean gradient; every rank keeps the full optimizer state (plain DDP, no sharding), so no
-    parameters are exchanged. Parameters are broadcast from rank 0 at construction.
+    counted as ``grad_values``), divides by the world size, clips it to ``max_grad_norm`` (global
+    norm of the averaged gradient, identical on every rank, the same clipping as SCAPE's and
+    top-k's) and lets the inner optimizer step on it; every rank keeps the full optimizer state
+    (plain DDP, no sharding), so no parameters are exchanged. A non-finite averaged gradient
+    raises :class:`~lmrepro.optim.errors.NonFiniteGradientError` on every rank before the inner
+    step. Parameters are broadcast from rank 0 at construction.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, process_group: Any = None) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, process_group: Any = None,
+                 max_grad_norm: float | None = None) -> None:
         check(isinstance(optimizer, torch.optim.Optimizer), "DenseDP.optimizer",
               type(optimizer).__name__, "must be a torch.optim.Optimizer")
+        check_max_grad_norm(max_grad_norm, "DenseDP.max_grad_norm")
         self.optimizer = optimizer
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.params, self.names = split_named(params)
+        self.max_grad_norm = max_grad_norm
+        self.params, self.names = params_and_names(optimizer)
         check_params(self.params, self.names, "DenseDP")
         self.comm = Comm(process_group)
         self.n = sum(p.numel() for p in self.params)
@@ -329,6 +403,7 @@ class DenseDP:
             for p in self.params:
                 self.comm.broadcast_(p.data)
         self._buf = torch.zeros(self.n, dtype=self.params[0].dtype, device=self.params[0].device)
+        self.last_grad_norm: float | None = None
 
     @property
     def param_groups(self) -> list[dict]:
@@ -344,6 +419,16 @@ class DenseDP:
         grads_to_flat(self.params, self._buf)
         self.comm.all_reduce_(self._buf, "grad_values")
         self._buf.div_(self.comm.world)
+        if not all_finite(self._buf):       # identical on every rank: all raise together
+            raise NonFiniteGradientError("DenseDP: averaged gradient", "non-finite",
+                                         "must be finite (nothing was updated: the loss "
+                                         "diverged)")
+        if self.max_grad_norm is not None:
+            norm = float(torch.linalg.vector_norm(self._buf, dtype=torch.float64))
+            self.last_grad_norm = norm
+            coef = clip_coefficient(norm, self.max_grad_norm)
+            if coef < 1.0:
+                self._buf.mul_(coef)
         flat_to_grads(self._buf, self.params)
         self.optimizer.step()
         self.comm.end_step()
@@ -365,4 +450,3 @@ def check_same_size(comm: Comm, values: list[int], device: torch.device, who: st
         raise ParameterError(f"{who}: flattened parameter sizes per rank", got,
                              "must be identical on every rank of the process group (same model, "
                              "same parameter list, same sparsity)")
-

@@ -24,3 +24,10 @@ def check(condition: bool, name: str, value: Any, allowed: str) -> None:
     """Raise :class:`ParameterError` unless ``condition`` holds."""
     if not condition:
         raise ParameterError(name, value, allowed)
+
+
+class NonFiniteGradientError(ParameterError):
+    """A gradient handed to ``step()`` holds NaN or infinity. The optimizers raise it on every rank
+    of the group at once (the finiteness of each rank's gradient travels with the step's one
+    collective), before any state is changed, so a trainer can stop the run and record it as
+    diverged."""

@@ -1,296 +1,577 @@
-"""SCAPE: sparse-communication data-parallel AdamS with ZeRO-1 sharding (arXiv 2607.01678).
+"""SCAPE: sparse-communication data-parallel AdamS (arXiv 2607.01678), as its authors formulate it.
 
-Usage (no DDP wrapper: the optimizer communicates the gradient itself)::
+Usage (no DDP wrapper: the optimizer communicates itself; a drop-in ``torch.optim.Optimizer``
+with parameter groups and ``torch.optim.lr_scheduler``)::
 
-    opt = SCAPE(model.parameters(), lr=3e-4, sparsity=0.99)   # after init_process_group
+    opt = SCAPE([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0}],
+                lr=3e-4, betas=(0.9, 0.95), density=0.01, max_grad_norm=1.0)
     loss.backward()
-    opt.step()          # collective: every rank must call it, every step
+    opt.step()          # collective: every rank of the group must call it, every step
 
-Algorithm as implemented (``DESIGN.md``, section "SCAPE"; deviations in ``docs/scape.md``).
-Parameters are flattened to ``N`` coordinates (padded to ``p * S``), rank ``j`` owns the shard
-``[j S, (j+1) S)`` of the first moment ``m`` and of the fp32 master parameters (ZeRO-1). Each rank
-keeps an error-feedback residual ``r`` of the full length. With ``k = ceil(rho * S)`` coordinates
-kept per shard (``rho = 1 - sparsity``), step ``t`` on rank ``i``:
+The algorithm is DESIGN.md's "SCAPE, reference algorithm (revised)", read from the authors' public
+Megatron-LM reducer (GitHub ``mz687/SCAPE_SC26``,
+``megatron/core/distributed/fp8_topk_adams_reducer.py``, the ``TopKPerLayerSyncMomentumAdamS``
+``ReducerV2`` classes; facts and formulas only, no code). Per step ``t`` (``t = 1, 2, ...`` for the
+bias correction) on worker ``i``, with ``m`` the first moment (identical on every worker, zero off
+the current mask) and ``r_i`` the worker's residual in momentum units:
 
-1. wait for the mask ``M_t`` whose all-gather was started (``async_op=True``) at the end of step
-   ``t-1`` (the one-step delay that hides it behind forward/backward);
-2. ``a = r + g``; ``b = a[M_t]`` (``p * k`` values, grouped by owner because ``M_t`` is sorted and
-   every shard contributes ``k``); ``r = a`` with ``M_t`` zeroed;
-3. ONE collective: reduce-scatter of ``b``: owner ``j`` receives the sum over ranks of its ``k``
-   values; ``gbar = sum / p``;
-4. the owner applies AdamS (:func:`lmrepro.optim.adams.adams_update`) on its ``k`` masked
-   coordinates from that single buffer: ``m`` and ``v`` come from ``gbar`` and the previous ``m``;
-   off-mask coordinates are left untouched (their gradient mass waits in ``r``; weight decay is
-   applied only where the update is, see docs);
-5. all-gather of the ``k`` updated master values per owner (``rho * N`` values in total) written
-   into every replica at ``M_t``;
-6. the owner scores its shard (default ``|m|``, pluggable), keeps the top ``k`` as ``M_{t+1}``,
-   encodes them as int32 indices or a bitmap (whichever is smaller) and starts their all-gather
-   asynchronously.
+1. ``c_i = b1 m + (1 - b1) g_i + r_i`` (corrected momentum, local);
+2. ``M_t`` = the mask chosen at step ``t - 1``; its asynchronous all-gather ran during this step's
+   forward/backward (the one-step delay);
+3. ONE all-reduce of ``c_i[M_t]`` (plus one flag saying whether this worker's gradient is
+   finite): ``m_t = mean_i c_i`` on ``M_t``, ``0`` off it; ``r_i = c_i`` with ``M_t`` zeroed;
+4. ``gt = (m_t - b1 m_{t-1}) / (1 - b1)`` on ``M_t`` (the synced gradient rebuilt from the one
+   buffer); clipped to ``max_grad_norm`` by its global norm (identical on every replica: no extra
+   collective), after which ``m_t = b1 m_{t-1} + (1 - b1) gt`` is rebuilt from the clipped ``gt``;
+   ``v_t = b2 m_{t-1}^2 + (1 - b2) gt^2``;
+5. every coordinate: ``p -= lr (m_t bc1 / (sqrt(v_t) bc2 + eps) + wd p)`` with ``bc1 = 1/(1-b1^t)``,
+   ``bc2 = 1/sqrt(1-b2^t)`` (``bias_correction=False``: both 1, exactly AdamS's formula); off the
+   mask ``m_t = 0``, so only the weight decay moves them, locally, with no bytes;
+6. ``M_{t+1}``: the owner of each tensor (contiguous, numel-balanced ownership) keeps the top
+   ``k = max(1, ceil(d(t+1) numel))`` of ``|c_owner|`` (its LOCAL ``c`` from 1., before the
+   update) per tensor; the owners' choices are combined by an asynchronous all-gather (int32
+   indices or a bitmap of the owned span, whichever is smaller) that the next step waits for.
 
-Step 0 has no mask yet and ``m = 0`` (every score ties), so step 0 is a *dense warm-start*: all
-coordinates are reduced and updated (``r`` stays 0), which fills ``m`` with ``(1-b1) gbar`` so
-the first mask ranks coordinates by the magnitude of the first averaged gradient rather than by
-an arbitrary tie-break. With ``sparsity = 0`` every step is dense and SCAPE is exactly AdamS on
-the averaged gradient.
+Tensors with one dimension (norms, biases) are sent whole every step when
+``exclude_1d_from_topk`` (the default, as the authors'). The density follows
+:func:`density_at`: ``dense_steps`` dense steps, then linear from ``density_start`` to the
+target over ``density_warmup_steps``. A step with no mask yet (step 0 at a density below 1)
+bootstraps it synchronously from the owners' local ``c``.
+
+``mask_rule="stale_m"`` is our first reading, kept as a named ablation: workers send ``g_i + r_i``
+(gradient units) on the mask, ``m`` and ``v`` are updated only on the mask and ``m`` stays frozen
+elsewhere, the mask ranks the frozen ``|m|``, and a step without a mask is dense.
+
+State per worker: ``m`` and ``r`` (fp32, ``N`` each), the mask of the step and the next one,
+and a bit per coordinate recording whether it was ever selected (coverage); with parameters of
+another dtype an fp32 master copy. No optimizer state is sharded (the authors' runs used the
+non-distributed-optimizer path): see docs/scape.md for bytes per parameter.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .adams import adams_update, check_hyperparameters
-from .comm import (Comm, FlatParams, ShardLayout, check_grads, check_params, check_same_size,
-                   check_sparsity, decode_mask, encode_mask, encoded_nbytes, keep_count,
-                   mask_encoding, select_topk_sorted, split_named)
+from .adams import bias_corrections, check_hyperparameters
+from .comm import (Comm, FlatParams, all_finite, check_density, check_grads, check_max_grad_norm,
+                   check_params, check_same_size, clip_coefficient, keep_count, nonfinite_error,
+                   pack_bits, param_groups, topk_indices, unpacked_indices)
 from .errors import ParameterError, check
 
-MaskScore = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+MASK_RULES = ("ef_momentum", "stale_m")
+STATE_FORMAT = "lmrepro.SCAPE/2"
 
 
-def score_m_abs(m: torch.Tensor, v: torch.Tensor | None) -> torch.Tensor:
-    """``|m|``: the paper's first-moment statistic (default)."""
-    return m.abs()
+def density_at(step: int, target: float, dense_steps: int = 0, density_start: float = 1.0,
+               warmup_steps: int = 0) -> float:
+    """The density of step ``step`` (0-based): 1 for the first ``dense_steps`` steps, then linear
+    in density from ``density_start`` to ``target`` over ``warmup_steps`` steps, then ``target``.
+
+    Linear as DESIGN.md says and as the authors' stored run logs show (their GPT-345M log drops the
+    density by 0.9/10 000 per step from 1); their stored code is geometric,
+    ``s (T/s)^(tau/W)`` (docs/scape.md)."""
+    if step < dense_steps:
+        return 1.0
+    tau = step - dense_steps
+    if warmup_steps > 0 and tau < warmup_steps:
+        return density_start + (target - density_start) * tau / warmup_steps
+    return target
 
 
-def score_m_over_sqrt_v(m: torch.Tensor, v: torch.Tensor | None, eps: float = 1e-8
-                        ) -> torch.Tensor:
-    """``|m| / (sqrt(v) + eps)``: the magnitude of the AdamS step each coordinate would take,
-    ``v`` being the last rebuilt second moment of that coordinate (0 where never updated)."""
-    assert v is not None
-    return m.abs() / (v.sqrt() + eps)
+def assign_owners(numels: list[int], world: int) -> list[int]:
+    """Owner rank of each tensor: contiguous in order and balanced by numel, as the authors'
+    reducer assigns them (the current owner takes the next tensor; it hands over once it holds
+    ``>= total / world`` coordinates and more tensors than owners remain, or as soon as only as
+    many tensors as owners remain)."""
+    total = sum(numels)
+    owners: list[int] = []
+    owner, count = 0, 0
+    for i, k in enumerate(numels):
+        owners.append(owner)
+        count += k
+        left_tensors, left_owners = len(numels) - i - 1, world - owner - 1
+        if left_owners > 0 and ((count >= total / world and left_tensors > left_owners)
+                                or left_tensors <= left_owners):
+            owner, count = owner + 1, 0
+    return owners
 
 
-MASK_SCORES: dict[str, tuple[MaskScore, bool]] = {
-    # name -> (function, needs the stored last v)
-    "m_abs": (score_m_abs, False),
-    "m_over_sqrt_v": (score_m_over_sqrt_v, True),
-}
+@dataclass(frozen=True)
+class Slot:
+    """Where one parameter tensor lives in the flat buffer and who chooses its mask."""
+
+    name: str
+    offset: int
+    numel: int
+    group: int
+    excluded: bool          # sent whole every step (1-D with exclude_1d_from_topk)
+    owner: int              # rank choosing its mask (-1 if excluded)
+
+
+@dataclass
+class _Pending:
+    """The next step's mask: either in flight (``work`` to wait for, then decode ``buf``) or
+    decoded (``idx``); ``own`` is this rank's part, which needs no decoding."""
+
+    density: float
+    buf: torch.Tensor | None = None
+    work: Any = None
+    own: torch.Tensor | None = None
+    idx: torch.Tensor | None = None
 
 
 class SCAPE(torch.optim.Optimizer):
-    """Sparse-communication AdamS with ZeRO-1 sharding (arXiv 2607.01678); see module docstring.
+    """Sparse-communication AdamS (arXiv 2607.01678); see the module docstring.
 
     Args:
-        params: parameters (or ``(name, tensor)`` pairs for clearer errors); one group only.
-        lr, betas, eps, weight_decay: AdamS hyper-parameters (arXiv 2505.16363).
-        sparsity: fraction of coordinates NOT communicated per step, in ``[0, 1)``.
+        params: tensors, ``(name, tensor)`` pairs (``model.named_parameters()``: errors name
+            the parameter) or parameter groups (dicts with ``params`` and optionally ``lr``,
+            ``weight_decay`` and ``names``). All on one device, one floating dtype.
+        lr, betas, eps, weight_decay: the AdamS hyper-parameters (arXiv 2505.16363); ``lr`` and
+            ``weight_decay`` may differ per group, decoupled decay hits every coordinate.
+        density: target fraction of each tensor's coordinates sent per step, in (0, 1]
+            (``1 - sparsity``); 1 is dense AdamS on the averaged gradient.
+        dense_steps, density_start, density_warmup_steps: the density schedule
+            (:func:`density_at`).
+        exclude_1d_from_topk: send 1-D tensors (norms, biases) whole every step.
+        bias_correction: Adam's bias correction (the authors' default); False gives exactly
+            AdamS's formula.
+        max_grad_norm: clip the synced gradient to this global norm (None: no clipping).
+        mask_rule: ``"ef_momentum"`` (the authors') or ``"stale_m"`` (the ablation).
         process_group: ``torch.distributed`` group (default: the world); without an initialised
             process group the optimizer runs alone with local collectives.
-        mask_score: ``"m_abs"`` (default), ``"m_over_sqrt_v"``, or a callable
-            ``(m_shard, v_shard_or_None) -> score`` (then ``v`` is not stored).
-        dense_first_step: step 0 updates every coordinate (see module docstring). If False,
-            step 0 uses the first ``k`` coordinates of each shard (a fixed arbitrary mask).
-        record_masks: keep ``last_mask_used`` / ``last_mask_computed`` (global indices) for
-            inspection; costs nothing but a reference.
 
-    The model's parameters are re-pointed into one flat buffer at construction; build the
-    optimizer after moving the model to its device. Parameters are broadcast from group rank 0
-    at construction so every replica starts identical.
+    Parameters are re-pointed into one flat buffer at construction (build the optimizer after
+    moving the model to its device) and broadcast from group rank 0.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, sparsity: float = 0.99,
-                 process_group: Any = None, mask_score: str | MaskScore = "m_abs",
-                 dense_first_step: bool = True, record_masks: bool = False) -> None:
-        check_hyperparameters(lr, betas, eps, weight_decay, prefix="SCAPE")
-        check_sparsity(sparsity, "SCAPE")
-        if isinstance(mask_score, str):
-            check(mask_score in MASK_SCORES, "SCAPE.mask_score", mask_score,
-                  f"must be one of {sorted(MASK_SCORES)} or a callable (m, v) -> score")
-            self._score_fn, self._keep_v = MASK_SCORES[mask_score]
-        else:
-            check(callable(mask_score), "SCAPE.mask_score", mask_score,
-                  "must be a name or a callable (m, v) -> score")
-            self._score_fn, self._keep_v = mask_score, False
-        tensors, self._names = split_named(params)
-        check_params(tensors, self._names, "SCAPE")
+                 weight_decay: float = 0.0, density: float = 0.01, *, dense_steps: int = 0,
+                 density_start: float = 1.0, density_warmup_steps: int = 0,
+                 exclude_1d_from_topk: bool = True, bias_correction: bool = True,
+                 max_grad_norm: float | None = None, mask_rule: str = "ef_momentum",
+                 process_group: Any = None) -> None:
+        who = "SCAPE"
+        check_hyperparameters(lr, betas, eps, weight_decay, prefix=who)
+        check_density(density, f"{who}.density")
+        check(isinstance(dense_steps, int) and not isinstance(dense_steps, bool)
+              and dense_steps >= 0, f"{who}.dense_steps", dense_steps, "must be an integer >= 0")
+        check_density(density_start, f"{who}.density_start")
+        check(isinstance(density_warmup_steps, int) and not isinstance(density_warmup_steps, bool)
+              and density_warmup_steps >= 0, f"{who}.density_warmup_steps",
+              density_warmup_steps, "must be an integer >= 0")
+        for name, flag in (("exclude_1d_from_topk", exclude_1d_from_topk),
+                           ("bias_correction", bias_correction)):
+            check(isinstance(flag, bool), f"{who}.{name}", flag, "must be True or False")
+        check_max_grad_norm(max_grad_norm, f"{who}.max_grad_norm")
+        check(mask_rule in MASK_RULES, f"{who}.mask_rule", mask_rule,
+              f"must be one of {MASK_RULES}")
+        groups = param_groups(params, who)
+        for i, g in enumerate(groups):
+            check_params(g["params"], g["names"], who)
+            glr, gwd = g.get("lr", lr), g.get("weight_decay", weight_decay)
+            check_hyperparameters(glr, betas, eps, gwd, prefix=f"{who}.params[{i}]")
+            for key, default in (("betas", tuple(betas)), ("eps", eps)):
+                if key in g:
+                    check(tuple(g[key]) == default if key == "betas" else g[key] == default,
+                          f"{who}.params[{i}].{key}", g[key],
+                          f"must equal the optimizer's {default!r} (only lr and weight_decay may "
+                          "differ per group)")
+            extra = set(g) - {"params", "names", "lr", "weight_decay", "betas", "eps"}
+            check(not extra, f"{who}.params[{i}]", sorted(extra),
+                  "unknown parameter-group keys (allowed: params, names, lr, weight_decay)")
+        all_params = [p for g in groups for p in g["params"]]
+        all_names = [n for g in groups for n in g["names"]]
+        check_params(all_params, all_names, who)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-        super().__init__(tensors, defaults)
-        check(len(self.param_groups) == 1, "SCAPE.params", f"{len(self.param_groups)} groups",
-              "must be a single parameter group (SCAPE shards one flat vector)")
-        self.sparsity = float(sparsity)
-        self.mask_score = mask_score if isinstance(mask_score, str) else "custom"
-        self.dense_first_step = bool(dense_first_step)
-        self.record_masks = bool(record_masks)
-        self._params: list[torch.Tensor] = self.param_groups[0]["params"]
+        self._building = True
+        super().__init__(groups, defaults)
+        self._building = False
+
+        self.density = float(density)
+        self.dense_steps = int(dense_steps)
+        self.density_start = float(density_start)
+        self.density_warmup_steps = int(density_warmup_steps)
+        self.exclude_1d_from_topk = bool(exclude_1d_from_topk)
+        self.bias_correction = bool(bias_correction)
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.mask_rule = mask_rule
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps = float(eps)
 
         self.comm = Comm(process_group)
-        p0 = self._params[0]
-        self.device = p0.device
-        n = sum(p.numel() for p in self._params)
-        self.layout = ShardLayout(n, self.comm.world)
-        self.k = keep_count(self.sparsity, self.layout.shard)
-        self.mask_kind = mask_encoding(self.layout.shard, self.k)
-        check_same_size(self.comm, [n, self.k], self.device, "SCAPE")
+        self._params = all_params
+        self._names = all_names
+        self.device = all_params[0].device
+        self.n = sum(p.numel() for p in all_params)
+        check(self.n < 2 ** 31, f"{who}.params", f"{self.n} coordinates",
+              "must hold fewer than 2**31 coordinates (int32 mask indices)")
+        check_same_size(self.comm, [self.n, len(all_params)], self.device, who)
 
-        self.flat = FlatParams(self._params, self.layout.n_pad)
+        # layout: group-major flat order; owners over the top-k tensors only
+        slots, off = [], 0
+        for gi, g in enumerate(self.param_groups):
+            for p, name in zip(g["params"], g["names"]):
+                slots.append((name, off, p.numel(), gi,
+                              self.exclude_1d_from_topk and p.dim() <= 1))
+                off += p.numel()
+        sparse_numels = [s[2] for s in slots if not s[4]]
+        owners = iter(assign_owners(sparse_numels, self.comm.world))
+        self.slots = [Slot(n, o, k, gi, ex, -1 if ex else next(owners))
+                      for n, o, k, gi, ex in slots]
+        self.group_bounds = []
+        off = 0
+        for g in self.param_groups:
+            size = sum(p.numel() for p in g["params"])
+            self.group_bounds.append((off, off + size))
+            off += size
+        dev = self.device
+        self._owned = [s for s in self.slots if s.owner == self.comm.rank]
+        self._excluded = [s for s in self.slots if s.excluded]
+        self.n_excluded = sum(s.numel for s in self._excluded)
+        self.n_eligible = self.n - self.n_excluded
+        self._excluded_idx = (torch.cat([torch.arange(s.offset, s.offset + s.numel, device=dev)
+                                         for s in self._excluded])
+                              if self._excluded else torch.zeros(0, dtype=torch.int64, device=dev))
+        self._spans = []
+        for j in range(self.comm.world):
+            mine = [s for s in self.slots if s.owner == j]
+            self._spans.append((mine[0].offset, mine[-1].offset + mine[-1].numel) if mine
+                               else (0, 0))
+
+        self.flat = FlatParams(all_params)
         self.comm.broadcast_(self.flat.flat)
-        lo, hi = self.layout.bounds(self.comm.rank)
-        self._lo = lo
-        self.master = self.flat.flat[lo:hi].to(torch.float32).clone()
-        self.m = torch.zeros(self.layout.shard, dtype=torch.float32, device=self.device)
-        self.v = torch.zeros_like(self.m) if self._keep_v else None
-        self.residual = torch.zeros(self.layout.n_pad, dtype=torch.float32, device=self.device)
-        # Padding coordinates never win the mask unless a shard has fewer real coordinates than k.
-        self._pad_local = torch.arange(lo, hi, device=self.device) >= n
-        self._grad = torch.zeros(self.layout.n_pad, dtype=torch.float32, device=self.device)
+        f32 = torch.float32
+        self.master = (self.flat.flat if self.flat.flat.dtype == f32
+                       else self.flat.flat.to(f32).clone())
+        self.m = torch.zeros(self.n, dtype=f32, device=dev)
+        self.residual = torch.zeros(self.n, dtype=f32, device=dev)
+        self._c = torch.zeros(self.n, dtype=f32, device=dev)       # workspace: c of this step
+        self._g = torch.zeros(self.n, dtype=f32, device=dev)       # workspace: local gradient
+        self._payload = torch.zeros(self.n + 1, dtype=f32, device=dev)
+        self.ever = torch.zeros(self.n, dtype=torch.bool, device=dev)
+        self.ever_at_target = torch.zeros(self.n, dtype=torch.bool, device=dev)
+        self._support: torch.Tensor | None = None   # where m may be non-zero (None: anywhere)
+        self._pending: _Pending | None = None
         self._step = 0
-        self._pending: tuple[torch.Tensor, Any] | None = None   # (gathered buffer, work handle)
-        self.last_mask_used: torch.Tensor | None = None
-        self.last_mask_computed: torch.Tensor | None = None
+        self._sparse_steps = 0
+        self._target_steps = 0
+        self.last_step_info: dict[str, Any] = {}
 
-    # -- public helpers --------------------------------------------------------------------------
+    # -- torch.optim.Optimizer interface ---------------------------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        check(getattr(self, "_building", False), "SCAPE.add_param_group", "after construction",
+              "is not supported: SCAPE lays every parameter out in one flat buffer when it is "
+              "built; pass all groups to the constructor")
+        super().add_param_group(param_group)
+
     @property
     def num_steps(self) -> int:
         return self._step
+
+    def density_of_step(self, step: int) -> float:
+        """The scheduled density of step ``step`` (0-based)."""
+        return density_at(step, self.density, self.dense_steps, self.density_start,
+                          self.density_warmup_steps)
 
     def comm_stats(self) -> dict[str, int]:
         """Bytes this rank handed to collectives in the last step, by kind, and ``total``."""
         return self.comm.stats()
 
-    def expected_bytes(self, dense: bool = False) -> dict[str, int]:
-        """Analytic hand-in bytes of one step (dense: a warm-start / sparsity-0 step)."""
-        lay, vb = self.layout, 4
-        pb = self._params[0].element_size()
-        if dense or self.k == lay.shard:
-            grad, par = lay.n_pad * vb, lay.shard * pb
+    def kept(self, density: float) -> list[int]:
+        """Coordinates selected per owner rank at ``density`` (excluded tensors not counted)."""
+        out = [0] * self.comm.world
+        for s in self.slots:
+            if s.owner >= 0:
+                out[s.owner] += keep_count(density, s.numel)
+        return out
+
+    def mask_encoding(self, density: float) -> tuple[str, int]:
+        """``("index", int32 entries)`` or ``("bitmap", bytes)`` per rank, whichever hands in
+        fewer bytes (the largest rank's size: the all-gather pads to it)."""
+        idx_bytes = 4 * max(self.kept(density))
+        bit_bytes = max(-(-(hi - lo) // 8) for lo, hi in self._spans)
+        if idx_bytes <= bit_bytes:
+            return "index", max(self.kept(density))
+        return "bitmap", bit_bytes
+
+    def expected_bytes(self, step: int) -> dict[str, int]:
+        """Analytic hand-in bytes of step ``step`` once running (not a bootstrap step)."""
+        d, d_next = self.density_of_step(step), self.density_of_step(step + 1)
+        k = self.n if d >= 1.0 else sum(self.kept(d)) + self.n_excluded
+        grad = 4 * (k + 1)
+        mask = 0
+        if d_next < 1.0:
+            kind, size = self.mask_encoding(d_next)
+            mask = 4 * size if kind == "index" else size
+        return {"grad_values": grad, "param_values": 0, "mask": mask, "total": grad + mask}
+
+    # -- measurements ----------------------------------------------------------------------------
+    def coverage(self, at_target: bool = False) -> float:
+        """Fraction of the top-k tensors' coordinates selected at least once during the sparse
+        steps so far (0 before the first); ``at_target``: during the steps at the target
+        density only (after the density warm-up, whose higher densities select more)."""
+        steps, ever = ((self._target_steps, self.ever_at_target) if at_target
+                       else (self._sparse_steps, self.ever))
+        if steps == 0 or self.n_eligible == 0:
+            return 0.0
+        return (int(ever.sum()) - self.n_excluded) / self.n_eligible
+
+    def residual_norm(self) -> float:
+        """L2 norm of this rank's residual, in gradient units (``stale_m``'s own; the momentum
+        units of ``ef_momentum`` divided by ``1 - b1``), so the two rules compare."""
+        norm = float(torch.linalg.vector_norm(self.residual, dtype=torch.float64))
+        return norm / (1.0 - self.betas[0]) if self.mask_rule == "ef_momentum" else norm
+
+    # -- masks ---------------------------------------------------------------------------------
+    def _select_owned(self, source: torch.Tensor, density: float) -> torch.Tensor:
+        """This rank's choice for its owned tensors: global indices, ascending."""
+        parts = [topk_indices(source[s.offset:s.offset + s.numel].abs(),
+                              keep_count(density, s.numel)).to(source.device) + s.offset
+                 for s in self._owned]
+        if not parts:
+            return torch.zeros(0, dtype=torch.int64, device=source.device)
+        return torch.cat(parts)
+
+    def _launch_mask(self, source: torch.Tensor, density: float, async_op: bool) -> _Pending:
+        """Select this rank's part of the mask of ``density`` and start gathering the parts."""
+        own = self._select_owned(source, density)
+        pend = _Pending(density=density, own=own)
+        kind, size = self.mask_encoding(density)
+        if kind == "index":
+            send = torch.zeros(size, dtype=torch.int32, device=self.device)
+            send[:own.numel()] = own.to(torch.int32)
         else:
-            grad, par = lay.world * self.k * vb, self.k * pb
-        sparse_mask = self.k < lay.shard
-        mask = encoded_nbytes(lay.shard, self.k) if sparse_mask else 0
-        return {"grad_values": grad, "param_values": par, "mask": mask,
-                "total": grad + par + mask}
+            lo, hi = self._spans[self.comm.rank]
+            bits = torch.zeros(hi - lo, dtype=torch.bool, device=self.device)
+            bits[own - lo] = True
+            send = torch.zeros(size, dtype=torch.uint8, device=self.device)
+            packed = pack_bits(bits).to(self.device)
+            send[:packed.numel()] = packed
+        pend.buf, pend.work = self.comm.all_gather(send, "mask", async_op=async_op)
+        return pend
+
+    def _decode(self, pend: _Pending) -> torch.Tensor:
+        """Wait for a pending mask and return its global indices (owners' parts in rank order,
+        then the excluded tensors)."""
+        if pend.idx is not None:
+            return pend.idx
+        if pend.work is not None:
+            pend.work.wait()
+            pend.work = None
+        assert pend.buf is not None and pend.own is not None
+        kind, _ = self.mask_encoding(pend.density)
+        kept = self.kept(pend.density)
+        rows = pend.buf.view(self.comm.world, -1)
+        parts = []
+        for j in range(self.comm.world):
+            if j == self.comm.rank:
+                parts.append(pend.own)
+            elif kind == "index":
+                parts.append(rows[j, :kept[j]].to(torch.int64))
+            else:
+                lo, hi = self._spans[j]
+                parts.append(unpacked_indices(rows[j], hi - lo).to(self.device) + lo)
+        pend.idx = torch.cat(parts + [self._excluded_idx])
+        pend.buf = None
+        return pend.idx
+
+    def _current_mask(self, density: float, c: torch.Tensor) -> torch.Tensor | None:
+        """``M_t`` as global indices, or None for a dense step."""
+        pend, self._pending = self._pending, None
+        if density >= 1.0:
+            if pend is not None:          # a schedule that goes back to dense: drop it
+                self._decode(pend)
+            return None
+        if pend is not None and pend.density == density:
+            return self._decode(pend)
+        if pend is not None:
+            self._decode(pend)            # stale density (e.g. a changed schedule): rebuild
+        if self.mask_rule == "stale_m":
+            return None                   # no ranking yet: a dense step (as before the revision)
+        # bootstrap: the owners choose from their local c now, synchronously (the authors' too)
+        return self._decode(self._launch_mask(c, density, async_op=False))
 
     # -- the step ----------------------------------------------------------------------------------
-    def _take_mask(self) -> torch.Tensor | None:
-        """The global mask for this step (sorted int64), or None for a dense step."""
-        if self.k == self.layout.shard:
-            return None
-        if self._pending is None:
-            if self._step == 0 and self.dense_first_step:
-                return None
-            if self._step == 0:
-                base = torch.arange(self.k, device=self.device)
-                return (base.unsqueeze(0) + self.layout.shard *
-                        torch.arange(self.comm.world, device=self.device).unsqueeze(1)).reshape(-1)
-            raise RuntimeError("SCAPE internal error: no mask pending after step 0")
-        buf, work = self._pending
-        if work is not None:
-            work.wait()
-        self._pending = None
-        return self._decode_gathered(buf)
-
-    def _decode_gathered(self, buf: torch.Tensor) -> torch.Tensor:
-        s = self.layout.shard
-        parts = buf.view(self.comm.world, -1)
-        return torch.cat([decode_mask(parts[j], s, self.mask_kind) + j * s
-                          for j in range(self.comm.world)])
-
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """One SCAPE step; collective over the process group (see module docstring)."""
+        """One SCAPE step; collective over the process group (see the module docstring)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         check_grads(self._params, self._names, "SCAPE")
         self.flat.check_still_bound("SCAPE")
-        group = self.param_groups[0]
-        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        comm, lay, rank = self.comm, self.layout, self.comm.rank
+        comm, world = self.comm, self.comm.world
+        b1, b2 = self.betas
+        t = self._step
+        d_now, d_next = self.density_of_step(t), self.density_of_step(t + 1)
         comm.begin_step()
+        info: dict[str, Any] = {}
 
-        mask = self._take_mask()                       # 1. delayed mask M_t
-        self.flat.gather_grads(self._grad)
-        a = self.residual.add_(self._grad)             # 2. a = r + g (in the residual buffer)
-        if mask is None:
-            b = a.clone()
-            a.zero_()
+        g = self.flat.gather_grads(self._g)
+        finite = all_finite(g)
+        c = self._c
+        if self.mask_rule == "ef_momentum":         # 1. c = b1 m + (1 - b1) g + r
+            torch.mul(self.m, b1, out=c).add_(g, alpha=1.0 - b1).add_(self.residual)
+        else:                                       # stale_m: a = g + r (gradient units)
+            torch.add(g, self.residual, out=c)
+        t0 = time.perf_counter()
+        idx = self._current_mask(d_now, c)          # 2. M_t (waits for its all-gather)
+        info["mask_wait_s"] = time.perf_counter() - t0
+        k = self.n if idx is None else idx.numel()
+        buf = self._payload[:k + 1]
+        if idx is None:
+            buf[:k].copy_(c)
         else:
-            b = a[mask]
-            a.index_fill_(0, mask, 0.0)                # r = a with M_t zeroed
-        gbar = comm.reduce_scatter(b, "grad_values")   # 3. the one gradient collective
-        gbar.div_(comm.world)
+            torch.index_select(c, 0, idx, out=buf[:k])
+        buf[k] = 0.0 if finite else 1.0
+        work = comm.all_reduce_(buf, "grad_values", async_op=True)   # 3. the one collective
+        nxt = None
+        if self.mask_rule == "ef_momentum" and d_next < 1.0:         # 6. overlaps the payload
+            nxt = self._launch_mask(c, d_next, async_op=True)
+        t0 = time.perf_counter()
+        if work is not None:
+            work.wait()
+        info["payload_wait_s"] = time.perf_counter() - t0
+        bad = int(round(float(buf[k])))
+        if bad > 0:
+            if nxt is not None:
+                self._decode(nxt)
+            self._pending = _Pending(density=d_now, idx=idx) if idx is not None else None
+            raise nonfinite_error("SCAPE", self._params, self._names, bad, comm)
 
-        if mask is None:                               # 4. AdamS on the owner's masked coords
-            own = torch.arange(lay.shard, device=self.device)
+        s = buf[:k] if world == 1 else buf[:k].div(world)
+        m_prev = self.m if idx is None else self.m.index_select(0, idx)
+        if self.mask_rule == "ef_momentum":         # 4. the synced gradient from the one buffer
+            gt = (s - b1 * m_prev) / (1.0 - b1)
         else:
-            own = mask[rank * self.k:(rank + 1) * self.k] - self._lo
-        new_p, new_m, new_v = adams_update(self.master[own], gbar, self.m[own], lr, b1, b2, eps,
-                                           wd)
-        self.master[own] = new_p
-        self.m[own] = new_m
-        if self.v is not None:
-            self.v[own] = new_v
-
-        values = new_p.to(self.flat.flat.dtype)        # 5. sparse parameter all-gather
-        gathered, _ = comm.all_gather(values, "param_values")
-        if mask is None:
-            self.flat.flat.copy_(gathered)
+            gt = s
+            s = b1 * m_prev + (1.0 - b1) * gt
+        norm = float(torch.linalg.vector_norm(gt, dtype=torch.float64))
+        info["grad_norm"] = norm
+        if self.max_grad_norm is not None:
+            coef = clip_coefficient(norm, self.max_grad_norm)
+            if coef < 1.0:
+                gt = gt * coef
+                s = b1 * m_prev + (1.0 - b1) * gt
+        v = b2 * m_prev.square() + (1.0 - b2) * gt.square()
+        bc1, bc2 = bias_corrections(t + 1, b1, b2, self.bias_correction)
+        if bc1 == 1.0 and bc2 == 1.0:
+            u = s / (v.sqrt() + self.eps)
         else:
-            self.flat.flat[mask] = gathered
-        self.last_mask_used = mask if self.record_masks else None
+            u = (s * bc1) / (v.sqrt() * bc2 + self.eps)
 
-        if self.k < lay.shard:                         # 6. M_{t+1}, all-gathered asynchronously
-            score = self._score_fn(self.m, self.v).masked_fill(self._pad_local, -float("inf"))
-            local = select_topk_sorted(score, self.k)
-            if self.record_masks:
-                self.last_mask_computed = local + self._lo
-            enc = encode_mask(local, lay.shard, self.mask_kind)
-            self._pending = comm.all_gather(enc, "mask", async_op=True)
+        if idx is None:                             # m: the synced value on M_t, 0 off it
+            self.m.copy_(s)
+            self.residual.zero_()
+        else:
+            if self.mask_rule == "ef_momentum":
+                if self._support is None:
+                    self.m.zero_()
+                else:
+                    self.m.index_fill_(0, self._support, 0.0)
+            self.m.index_copy_(0, idx, s)
+            c.index_fill_(0, idx, 0.0)              # r = c with M_t zeroed
+            self._c, self.residual = self.residual, c
+        self._support = idx if self.mask_rule == "ef_momentum" else None
+
+        self._apply_update(idx, u)                  # 5. every coordinate
+        if self.mask_rule == "stale_m" and d_next < 1.0:
+            nxt = self._launch_mask(self.m, d_next, async_op=True)
+        self._pending = nxt
+        if idx is not None:
+            self.ever.index_fill_(0, idx, True)
+            self._sparse_steps += 1
+            if d_now == self.density:
+                self.ever_at_target.index_fill_(0, idx, True)
+                self._target_steps += 1
+        info["density"] = k / self.n
+        self.last_step_info = info
         self._step += 1
         comm.end_step()
         return loss
 
+    def _apply_update(self, idx: torch.Tensor | None, u: torch.Tensor) -> None:
+        """``p <- p (1 - lr wd) - lr u`` per group (``u`` on ``idx``, or everywhere)."""
+        p = self.master
+        lrs = [float(g["lr"]) for g in self.param_groups]
+        for g, (lo, hi), lr in zip(self.param_groups, self.group_bounds, lrs):
+            wd = float(g["weight_decay"])
+            if lr * wd != 0.0:
+                p[lo:hi].mul_(1.0 - lr * wd)
+        if idx is None:
+            for (lo, hi), lr in zip(self.group_bounds, lrs):
+                p[lo:hi].add_(u[lo:hi], alpha=-lr)
+        elif len(set(lrs)) == 1:
+            p.index_add_(0, idx, u, alpha=-lrs[0])
+        else:
+            bounds = torch.tensor([hi for _, hi in self.group_bounds[:-1]], device=idx.device)
+            per = torch.tensor(lrs, dtype=u.dtype, device=u.device)[
+                torch.bucketize(idx, bounds, right=True)]
+            p.index_add_(0, idx, u * per, alpha=-1.0)
+        if p is not self.flat.flat:
+            self.flat.flat.copy_(p)
+
     # -- checkpointing -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shard state (m, master, optional v), its residual, the step, and the next
-        mask already gathered (waits for the in-flight all-gather). Tensors and plain types only:
-        loadable with ``torch.load(weights_only=True)``."""
-        next_mask = None
+        """This rank's state: ``m``, its residual, the masks (the in-flight one is waited for),
+        coverage bits, the step, and the groups' hyper-parameters. Tensors and plain types only:
+        loadable with ``torch.load(weights_only=True)``. The model's parameters are saved with the
+        model (replicated)."""
+        nxt = None
         if self._pending is not None:
-            buf, work = self._pending
-            if work is not None:
-                work.wait()
-            self._pending = (buf, None)
-            next_mask = buf.clone()
-        g = self.param_groups[0]
+            nxt = self._decode(self._pending).clone()
         return {
-            "format": "lmrepro.SCAPE/1", "step": self._step, "rank": self.comm.rank,
-            "world": self.comm.world, "n": self.layout.n, "k": self.k,
-            "sparsity": self.sparsity, "mask_kind": self.mask_kind,
-            "m": self.m.clone(), "master": self.master.clone(),
-            "v": None if self.v is None else self.v.clone(),
-            "residual": self.residual.clone(), "next_mask": next_mask,
-            "hyper": {"lr": g["lr"], "beta1": g["betas"][0], "beta2": g["betas"][1],
-                      "eps": g["eps"], "weight_decay": g["weight_decay"]},
+            "format": STATE_FORMAT, "step": self._step, "sparse_steps": self._sparse_steps,
+            "target_steps": self._target_steps, "ever_at_target": self.ever_at_target.clone(),
+            "rank": self.comm.rank, "world": self.comm.world,
+            "numels": [s.numel for s in self.slots], "mask_rule": self.mask_rule,
+            "m": self.m.clone(), "residual": self.residual.clone(), "ever": self.ever.clone(),
+            "support": None if self._support is None else self._support.clone(),
+            "next_mask": nxt,
+            "next_density": None if self._pending is None else self._pending.density,
+            "master": None if self.master is self.flat.flat else self.master.clone(),
+            "param_groups": [{k: (list(v) if isinstance(v, tuple) else v)
+                              for k, v in g.items() if k not in ("params", "names")}
+                             for g in self.param_groups],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state saved by the same rank of an identical set-up. The model parameters
-        must be restored separately (they are replicated; the master shard here must match)."""
-        check(isinstance(state, dict) and state.get("format") == "lmrepro.SCAPE/1",
-              "SCAPE state_dict", type(state).__name__, "must come from SCAPE.state_dict()")
+        """Restore a state saved by the same rank of an identical set-up (same world size, model,
+        groups and rule). Restore the model's parameters separately (before or after)."""
+        check(isinstance(state, dict) and state.get("format") == STATE_FORMAT,
+              "SCAPE state_dict", state.get("format") if isinstance(state, dict) else
+              type(state).__name__, f"must come from SCAPE.state_dict() ({STATE_FORMAT})")
         for key, mine in (("rank", self.comm.rank), ("world", self.comm.world),
-                          ("n", self.layout.n), ("k", self.k), ("mask_kind", self.mask_kind)):
+                          ("numels", [s.numel for s in self.slots]),
+                          ("mask_rule", self.mask_rule)):
             if state[key] != mine:
                 raise ParameterError(f"SCAPE state_dict[{key!r}]", state[key],
-                                     f"must equal this optimizer's {mine} (same world size, "
-                                     "model and sparsity)")
+                                     f"must equal this optimizer's {mine!r} (same world size, "
+                                     "model, parameter groups and mask rule)")
+        check(len(state["param_groups"]) == len(self.param_groups), "SCAPE state_dict",
+              f"{len(state['param_groups'])} groups", f"must have {len(self.param_groups)}")
         self._step = int(state["step"])
+        self._sparse_steps = int(state["sparse_steps"])
+        self._target_steps = int(state["target_steps"])
+        self.ever_at_target.copy_(state["ever_at_target"])
         self.m.copy_(state["m"])
-        self.master.copy_(state["master"])
-        if self.v is not None and state["v"] is not None:
-            self.v.copy_(state["v"])
         self.residual.copy_(state["residual"])
-        nm = state["next_mask"]
-        self._pending = None if nm is None else (nm.to(self.device), None)
-        h = state["hyper"]
-        g = self.param_groups[0]
-        g.update(lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
-                 weight_decay=h["weight_decay"])
+        self.ever.copy_(state["ever"])
+        sup = state["support"]
+        self._support = None if sup is None else sup.to(self.device)
+        nxt = state["next_mask"]
+        self._pending = (None if nxt is None else
+                         _Pending(density=float(state["next_density"]), idx=nxt.to(self.device)))
+        if state["master"] is not None and self.master is not self.flat.flat:
+            self.master.copy_(state["master"])
+        for g, saved in zip(self.param_groups, state["param_groups"]):
+            for k, v in saved.items():
+                g[k] = tuple(v) if k == "betas" else v

@@ -1,106 +1,168 @@
-"""Raw-gradient top-k sparsification with error feedback over AdamW: the baseline that SCAPE
-(arXiv 2607.01678) is measured against.
+"""Raw-gradient top-k sparsification with error feedback, per tensor, around an inner optimizer
+(AdamS: the SCAPE paper's foil; or AdamW).
 
-Each rank ``i`` forms ``a_i = r_i + g_i`` over the full flattened gradient, keeps the ``k =
-ceil(rho N)`` coordinates of largest ``|a_i|`` (its own mask: the masks differ between ranks),
-and all-gathers its values and indices (two all-gathers; indices encoded as int32 or a bitmap,
-whichever is smaller). Every rank then sums the ``p`` sparse contributions into a dense vector,
-divides by ``p``, and runs ``torch.optim.AdamW`` on it; the residual keeps what was not sent,
-``r_i = a_i`` with the selected coordinates zeroed (Stich et al. 2018; Lin et al. 2018). The
-optimizer state is replicated (no sharding), so no parameters are exchanged. Top-k of the raw
-gradient feeds Adam a sparse, bursty gradient whose second moment no longer matches its first:
-the instability at high sparsity that SCAPE's first-moment mask avoids.
+Each rank ``i`` forms ``a_i = r_i + g_i`` (gradient units), keeps per tensor the ``k = max(1,
+ceil(density * numel))`` coordinates of largest ``|a_i|`` (its OWN mask: masks differ between
+ranks), and all-gathers their values and indices (indices as int32 or a bitmap, whichever is
+smaller); 1-D tensors are sent whole when ``exclude_1d_from_topk`` (as SCAPE does). Every rank sums
+the ``p`` sparse contributions in rank order, divides by ``p``, clips the result to
+``max_grad_norm`` (global norm, identical on every rank: the same clipping as SCAPE's and the
+dense baselines'), and lets the inner optimizer step on it; the residual keeps what was not sent,
+``r_i = a_i`` with the sent coordinates zeroed (Stich et al. 2018; Lin et al. 2018). The optimizer
+state is replicated, so no parameters are exchanged. Top-k of the raw gradient feeds Adam a sparse,
+bursty gradient whose second moment no longer matches its first: the instability at high sparsity
+that SCAPE's momentum mask avoids (arXiv 2607.01678).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from .adams import check_hyperparameters
-from .comm import (Comm, check_grads, check_params, check_same_size, check_sparsity, decode_mask,
-                   encode_mask, encoded_nbytes, flat_to_grads, grads_to_flat, keep_count,
-                   mask_encoding, select_topk_sorted, split_named)
+from .comm import (Comm, all_finite, check_density, check_grads, check_max_grad_norm,
+                   check_params, check_same_size, clip_coefficient, flat_to_grads, grads_to_flat,
+                   keep_count, nonfinite_error, pack_bits, params_and_names, topk_indices,
+                   unpacked_indices)
 from .errors import check
 
 
-class TopKEF(torch.optim.AdamW):
-    """Top-k (by ``|r + g|`` per rank) with error feedback, then AdamW on the mean sparse gradient.
+class TopKEF:
+    """Per-tensor top-k of ``|r + g|`` with error feedback, then ``optimizer`` on the mean sparse
+    gradient. ``loss.backward(); opt.step()`` on every rank (the step is collective). Without an
+    initialised process group it runs alone with local collectives. Parameter groups, their
+    ``lr`` and ``weight_decay`` are the inner optimizer's (``param_groups`` is its list)."""
 
-    Call ``loss.backward(); opt.step()`` on every rank (the step is collective). Without an
-    initialised process group it runs alone with local collectives.
-    """
-
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, sparsity: float = 0.99,
+    def __init__(self, optimizer: torch.optim.Optimizer, density: float = 0.01, *,
+                 exclude_1d_from_topk: bool = True, max_grad_norm: float | None = None,
                  process_group: Any = None) -> None:
-        check_hyperparameters(lr, betas, eps, weight_decay, prefix="TopKEF")
-        check_sparsity(sparsity, "TopKEF")
-        tensors, self._names = split_named(params)
-        check_params(tensors, self._names, "TopKEF")
-        super().__init__(tensors, lr=lr, betas=(betas[0], betas[1]), eps=eps,
-                         weight_decay=weight_decay, foreach=False)
-        check(len(self.param_groups) == 1, "TopKEF.params", f"{len(self.param_groups)} groups",
-              "must be a single parameter group")
-        self._params: list[torch.Tensor] = self.param_groups[0]["params"]
-        self.sparsity = float(sparsity)
+        who = "TopKEF"
+        check(isinstance(optimizer, torch.optim.Optimizer), f"{who}.optimizer",
+              type(optimizer).__name__, "must be a torch.optim.Optimizer (AdamS or AdamW)")
+        check_density(density, f"{who}.density")
+        check(isinstance(exclude_1d_from_topk, bool), f"{who}.exclude_1d_from_topk",
+              exclude_1d_from_topk, "must be True or False")
+        check_max_grad_norm(max_grad_norm, f"{who}.max_grad_norm")
+        self.optimizer = optimizer
+        self.density = float(density)
+        self.exclude_1d_from_topk = exclude_1d_from_topk
+        self.max_grad_norm = max_grad_norm
+        self._params, self._names = params_and_names(optimizer)
+        check_params(self._params, self._names, who)
         self.comm = Comm(process_group)
-        p0 = self._params[0]
+        dev = self._params[0].device
         self.n = sum(p.numel() for p in self._params)
-        self.k = keep_count(self.sparsity, self.n)
-        self.mask_kind = mask_encoding(self.n, self.k)
-        check_same_size(self.comm, [self.n, self.k], p0.device, "TopKEF")
+        self._slots: list[tuple[int, int, bool]] = []
+        off = 0
+        for p in self._params:
+            self._slots.append((off, p.numel(), exclude_1d_from_topk and p.dim() <= 1))
+            off += p.numel()
+        self._excluded_idx = torch.cat(
+            [torch.arange(o, o + k, device=dev) for o, k, ex in self._slots if ex]
+            or [torch.zeros(0, dtype=torch.int64, device=dev)])
+        self.n_excluded = self._excluded_idx.numel()
+        self.k = sum(keep_count(self.density, k) for _, k, ex in self._slots if not ex)
+        self.index_mask = 4 * self.k <= -(-self.n // 8)
+        check_same_size(self.comm, [self.n, self.k], dev, who)
         with torch.no_grad():
             for p in self._params:
                 self.comm.broadcast_(p.data)
-        self.residual = torch.zeros(self.n, dtype=torch.float32, device=p0.device)
-        self._dense = torch.zeros(self.n, dtype=torch.float32, device=p0.device)
+        self.residual = torch.zeros(self.n, dtype=torch.float32, device=dev)
+        self._dense = torch.zeros(self.n, dtype=torch.float32, device=dev)
+        self.ever = torch.zeros(self.n, dtype=torch.bool, device=dev)
+        self._sparse_steps = 0
+        self.last_step_info: dict[str, Any] = {}
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def comm_stats(self) -> dict[str, int]:
         """Bytes this rank handed to collectives in the last step, by kind, and ``total``."""
         return self.comm.stats()
 
     def expected_bytes(self) -> dict[str, int]:
-        grad = 4 * self.k
-        mask = encoded_nbytes(self.n, self.k)
+        grad = 4 * (self.n_excluded + self.k + 1)
+        mask = 4 * self.k if self.index_mask else -(-self.n // 8)
         return {"grad_values": grad, "param_values": 0, "mask": mask, "total": grad + mask}
 
+    def coverage(self, at_target: bool = False) -> float:
+        """Fraction of the top-k tensors' coordinates any rank has sent at least once (the
+        density is constant: ``at_target`` changes nothing)."""
+        eligible = self.n - self.n_excluded
+        if self._sparse_steps == 0 or eligible == 0:
+            return 0.0
+        return (int(self.ever.sum()) - self.n_excluded) / eligible
+
+    def residual_norm(self) -> float:
+        """L2 norm of this rank's residual (gradient units)."""
+        return float(torch.linalg.vector_norm(self.residual, dtype=torch.float64))
+
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def step(self) -> None:
         check_grads(self._params, self._names, "TopKEF")
-        comm = self.comm
+        comm, world = self.comm, self.comm.world
         comm.begin_step()
-        a = self.residual.add_(grads_to_flat(self._params, self._dense))
-        idx = select_topk_sorted(a.abs(), self.k)
-        vals = a[idx]
-        a.index_fill_(0, idx, 0.0)
+        g = grads_to_flat(self._params, self._dense)
+        finite = all_finite(g)
+        a = self.residual + g
+        parts = [topk_indices(a[o:o + k].abs(), keep_count(self.density, k)).to(a.device) + o
+                 for o, k, ex in self._slots if not ex]
+        sel = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=a.device)
+        e = self.n_excluded
+        vals = torch.cat([a.index_select(0, self._excluded_idx), a.index_select(0, sel),
+                          torch.tensor([0.0 if finite else 1.0], device=a.device)])
         all_vals, _ = comm.all_gather(vals, "grad_values")
-        all_idx, _ = comm.all_gather(encode_mask(idx, self.n, self.mask_kind), "mask")
+        if self.index_mask:
+            all_idx, _ = comm.all_gather(sel.to(torch.int32), "mask")
+        else:
+            bits = torch.zeros(self.n, dtype=torch.bool, device=a.device)
+            bits[sel] = True
+            all_idx, _ = comm.all_gather(pack_bits(bits).to(a.device), "mask")
+        val_rows = all_vals.view(world, -1)
+        bad = int(round(float(val_rows[:, -1].sum())))
+        if bad > 0:
+            raise nonfinite_error("TopKEF", self._params, self._names, bad, comm)
+        idx_rows = all_idx.view(world, -1)
         dense = self._dense.zero_()
-        idx_parts = all_idx.view(comm.world, -1)
-        val_parts = all_vals.view(comm.world, -1)
-        for j in range(comm.world):
-            dense.index_add_(0, decode_mask(idx_parts[j], self.n, self.mask_kind), val_parts[j])
-        dense.div_(comm.world)
+        for j in range(world):
+            if j == comm.rank:
+                idx_j = sel
+            elif self.index_mask:
+                idx_j = idx_rows[j].to(torch.int64)
+            else:
+                idx_j = unpacked_indices(idx_rows[j], self.n).to(a.device)
+            dense.index_add_(0, idx_j, val_rows[j, e:e + self.k])
+            self.ever.index_fill_(0, idx_j, True)
+        if e:
+            dense.index_add_(0, self._excluded_idx, val_rows[:, :e].sum(0))
+            self.ever.index_fill_(0, self._excluded_idx, True)
+        dense.div_(world)
+        a.index_fill_(0, sel, 0.0)
+        if e:
+            a.index_fill_(0, self._excluded_idx, 0.0)
+        self.residual = a
+        norm = float(torch.linalg.vector_norm(dense, dtype=torch.float64))
+        coef = clip_coefficient(norm, self.max_grad_norm)
+        if coef < 1.0:
+            dense.mul_(coef)
         flat_to_grads(dense, self._params)
-        super().step()
+        self.optimizer.step()
+        self._sparse_steps += 1
+        self.last_step_info = {"density": (self.k + e) / self.n, "grad_norm": norm}
         comm.end_step()
-        return loss
 
     def state_dict(self) -> dict[str, Any]:
-        sd = super().state_dict()
-        sd["topk_residual"] = self.residual.clone()
-        return sd
+        return {"optimizer": self.optimizer.state_dict(), "residual": self.residual.clone(),
+                "ever": self.ever.clone(), "sparse_steps": self._sparse_steps}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state_dict = dict(state_dict)
-        residual = state_dict.pop("topk_residual")
-        super().load_state_dict(state_dict)
-        self.residual.copy_(residual)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check(isinstance(state, dict) and {"optimizer", "residual"} <= set(state),
+              "TopKEF state_dict", type(state).__name__, "must come from TopKEF.state_dict()")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.residual.copy_(state["residual"])
+        self.ever.copy_(state["ever"])
+        self._sparse_steps = int(state["sparse_steps"])

@@ -30,16 +30,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default="", help="corpus name for summary.json")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="resume from OUT/checkpoints when present (default)")
-    add_arguments(p, ScapeRun)
+    add_arguments(p, ScapeRun, exclude=("lr",))     # --lr is the run's: ScapeConfig's flag
     add_arguments(p, ScapeConfig)
     add_arguments(p, ModelConfig, prefix="model_")
 
 
 def worker_argv(cfg: ScapeConfig, run: ScapeRun, model: ModelConfig, corpus_dir: str, out: str,
                 seed: int, corpus: str = "") -> list[str]:
-    """The ``train-scape`` arguments of one run (what :mod:`lmrepro.scape.launch` passes)."""
+    """The ``train-scape`` arguments of one run (what :mod:`lmrepro.scape.launch` passes): the
+    run's own learning rate, when it has one, travels as ``--lr``."""
+    cfg = cfg.replace(lr=run.lr_or(cfg.lr))
     return ["--corpus-dir", str(corpus_dir), "--out", str(out), "--seed", str(seed),
-            "--corpus", corpus, *to_argv(run), *to_argv(cfg), *to_argv(model, prefix="model_")]
+            "--corpus", corpus, *to_argv(run, exclude=("lr",)), *to_argv(cfg),
+            *to_argv(model, prefix="model_")]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from lmrepro.scape.trainer import RunTarget, train
 
     cfg = from_arguments(ScapeConfig, args)
-    run_cfg = from_arguments(ScapeRun, args)
+    run_cfg = from_arguments(ScapeRun, args, exclude=("lr",))   # its lr came as --lr
     model = from_arguments(ModelConfig, args, prefix="model_") or ModelConfig()
     target = RunTarget(corpus_dir=args.corpus_dir, out=args.out, seed=args.seed,
                        corpus=args.corpus, resume=args.resume)

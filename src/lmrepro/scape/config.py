@@ -1,13 +1,16 @@
 """Settings of the SCAPE comparison: the ``scape:`` section of ``params.yaml``.
 
 :class:`ScapeConfig` holds what every run of the suite shares (the ``train-scape`` flags of the
-same names), :class:`ScapeRun` what one run chooses (optimizer, sparsity, name), and
-:class:`ScapeSuite` the section: the shared settings, the corpus, the world size, an optional model
-override and the list of runs.
+same names): the schedule, the clipping, the weight decay and SCAPE's own options (density
+schedule, bias correction, 1-D exclusion), so that every method of the comparison trains under
+the same harness. :class:`ScapeRun` holds what one run chooses: the method, its sparsity, its mask
+rule or inner optimizer, and its own learning rate. :class:`ScapeSweep` is the optional
+learning-rate sweep (:mod:`lmrepro.scape.sweep`), :class:`ScapeSuite` the whole section.
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -15,6 +18,7 @@ from pydantic import Field, model_validator
 from lmrepro.config import Section, field_error
 from lmrepro.evaluation import TrainingConfig
 from lmrepro.model import ModelConfig
+from lmrepro.results import Method
 
 OPTIMIZERS = ("adamw", "adams", "scape", "topk")
 DENSE = ("adamw", "adams")
@@ -22,7 +26,7 @@ DENSE = ("adamw", "adams")
 
 class ScapeConfig(TrainingConfig):
     """Hyper-parameters shared by every run of the suite (one ``train-scape`` worker each);
-    ``batch_size`` is per worker."""
+    ``batch_size`` is per worker, ``lr`` the default of runs that do not set their own."""
 
     key: ClassVar[str] = "scape"
 
@@ -31,8 +35,20 @@ class ScapeConfig(TrainingConfig):
     threads: int = Field(default=1, ge=1, description="torch threads per worker")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda "
                                                    "when available (NCCL), else cpu (gloo)")
-    mask_score: Literal["m_abs", "m_over_sqrt_v"] = Field(default="m_abs",
-                                                          description="SCAPE mask score")
+    max_grad_norm: float | None = Field(default=1.0, gt=0.0, description="clip the averaged "
+                                        "(SCAPE: synced) gradient to this global norm, every "
+                                        "method alike; null: no clipping")
+    bias_correction: bool = Field(default=True, description="Adam bias correction in SCAPE and "
+                                  "in the AdamS of the dense and top-k baselines (the SCAPE "
+                                  "authors'); false: AdamS's formula")
+    exclude_1d_from_topk: bool = Field(default=True, description="SCAPE and top-k send 1-D "
+                                       "tensors (norms, biases) whole every step")
+    dense_steps: int = Field(default=0, ge=0, description="SCAPE: dense steps before the "
+                             "density schedule starts")
+    density_start: float = Field(default=1.0, gt=0.0, le=1.0, description="SCAPE: density at "
+                                 "the start of the warm-up")
+    density_warmup_steps: int = Field(default=0, ge=0, description="SCAPE: steps of the linear "
+                                      "density warm-up from density_start to 1 - sparsity")
 
 
 #: Settings a resumed run may change (they do not change the numbers).
@@ -40,21 +56,50 @@ RESUME_FREE = ("timeout_s", "threads", "device", "checkpoint_every")
 
 
 class ScapeRun(Section):
-    """One run of the suite: which optimizer, at which sparsity."""
+    """One run of the suite: the method, its sparsity, its variant and its learning rate."""
 
     key: ClassVar[str] = "scape.runs[]"
 
-    name: str = Field(default="", description="run name (default: optimizer and sparsity)")
+    name: str = Field(default="", description="run name (default: from method and sparsity)")
     optimizer: Literal["adamw", "adams", "scape", "topk"] = Field(description="the method")
     sparsity: float = Field(default=0.0, ge=0.0, lt=1.0, description="fraction of coordinates "
                             "not sent per step (0 for the dense optimizers)")
+    lr: float | None = Field(default=None, gt=0.0, le=1.0, description="this run's peak "
+                             "learning rate (null: the section's lr)")
+    mask_rule: Literal["ef_momentum", "stale_m"] = Field(
+        default="ef_momentum", description="SCAPE's mask rule: ef_momentum (the authors') or "
+        "stale_m (the ablation)")
+    topk_inner: Literal["adams", "adamw"] = Field(default="adams", description="top-k's inner "
+                                                  "optimizer (adams: the paper's foil)")
 
     @model_validator(mode="after")
-    def _dense_is_dense(self) -> ScapeRun:
+    def _consistent(self) -> ScapeRun:
         if self.optimizer in DENSE and self.sparsity != 0.0:
             raise field_error("sparsity", self.sparsity,
                               f"must be 0 for the dense optimizer {self.optimizer!r}")
+        if self.optimizer != "scape" and self.mask_rule != "ef_momentum":
+            raise field_error("mask_rule", self.mask_rule,
+                              f"applies to optimizer 'scape' only (this run is "
+                              f"{self.optimizer!r})")
+        if self.optimizer != "topk" and self.topk_inner != "adams":
+            raise field_error("topk_inner", self.topk_inner,
+                              f"applies to optimizer 'topk' only (this run is "
+                              f"{self.optimizer!r})")
         return self
+
+    @property
+    def method(self) -> Method:
+        """The run's role in the analysis (:class:`lmrepro.results.Method`)."""
+        if self.optimizer == "scape":
+            return Method.SCAPE if self.mask_rule == "ef_momentum" else Method.SCAPE_STALE_M
+        if self.optimizer == "topk":
+            return Method.TOPK if self.topk_inner == "adams" else Method.TOPK_ADAMW
+        return Method(self.optimizer)
+
+    @property
+    def density(self) -> float:
+        """``1 - sparsity``, the fraction of each tensor sent per step."""
+        return 1.0 - self.sparsity
 
     @property
     def run_name(self) -> str:
@@ -62,16 +107,57 @@ class ScapeRun(Section):
             return self.name
         if self.optimizer in DENSE:
             return self.optimizer
-        return f"{self.optimizer}{round(self.sparsity * 100):g}"
+        tag = {Method.SCAPE: "scape", Method.SCAPE_STALE_M: "scape_stale_m",
+               Method.TOPK: "topk", Method.TOPK_ADAMW: "topk_adamw"}[self.method]
+        return f"{tag}{round(self.sparsity * 100):g}"
+
+    def lr_or(self, default: float) -> float:
+        return default if self.lr is None else self.lr
+
+
+class ScapeSweep(Section):
+    """The learning-rate sweep (:mod:`lmrepro.scape.sweep`): every run of the suite at every
+    ``lrs`` value, shorter, on a seed the suite does not use; the best value per run is the one
+    with the lowest final validation loss (a diverged run never wins)."""
+
+    key: ClassVar[str] = "scape.sweep"
+
+    lrs: list[float] = Field(min_length=4, description="peak learning rates, log-spaced")
+    steps: int = Field(ge=1, description="optimizer steps of each sweep run")
+    seed: int = Field(default=1000, description="the sweep's seed (not one of the suite's)")
+    apply: bool = Field(default=True, description="run the suite at the lr each run won "
+                        "(false: the suite keeps its own lrs)")
+
+    @model_validator(mode="after")
+    def _grid(self) -> ScapeSweep:
+        lrs = self.lrs
+        if any(not (0.0 < x <= 1.0) for x in lrs) or sorted(set(lrs)) != lrs:
+            raise field_error("lrs", lrs, "must be distinct values in (0, 1], increasing")
+        ratios = [b / a for a, b in zip(lrs, lrs[1:])]
+        if max(ratios) / min(ratios) > 1.01:
+            raise field_error("lrs", lrs, "must be log-spaced (a constant ratio between "
+                              f"neighbours; got ratios {[round(r, 3) for r in ratios]})")
+        return self
+
+    @property
+    def ratio(self) -> float:
+        return self.lrs[1] / self.lrs[0]
+
+    def on_edge(self, lr: float) -> bool:
+        """Whether ``lr`` is the grid's smallest or largest value (the optimum may lie beyond)."""
+        return math.isclose(lr, self.lrs[0]) or math.isclose(lr, self.lrs[-1])
 
 
 class ScapeSuite(ScapeConfig):
-    """The ``scape:`` section: shared settings, where and how many workers, and the runs."""
+    """The ``scape:`` section: shared settings, where and how many workers, the runs and the
+    optional learning-rate sweep."""
 
     corpus: str = Field(description="prepared corpus every run trains on")
     world_size: int = Field(default=2, ge=1, description="torchrun workers on this machine")
     model: ModelConfig | None = Field(default=None, description="default: the top-level model")
     runs: list[ScapeRun] = Field(min_length=1)
+    sweep: ScapeSweep | None = Field(default=None, description="learning-rate sweep run before "
+                                     "the suite (null: none; the runs' lrs are used)")
 
     @model_validator(mode="after")
     def _unique_names(self) -> ScapeSuite:

@@ -4,10 +4,10 @@
 -m lmrepro train-scape ...`` (the same program as the ``torchrun`` script, taken from this
 interpreter so it works inside a virtual environment without ``torchrun`` on ``PATH``) as a
 subprocess in its own session, logs to ``OUT/launch.log`` and returns the run directory.
-:func:`run_scape_suite` runs the comparison of the SCAPE paper (arXiv 2607.01678) on one corpus:
-dense AdamW, dense AdamS, SCAPE 90 %, SCAPE 99 %, top-k + EF 99 %, with the same data, seeds and
-steps, skipping runs whose ``summary.json`` exists (a resumable pipeline: an interrupted run also
-resumes from its last checkpoint).
+:func:`run_scape_suite` runs a list of runs of the SCAPE comparison (arXiv 2607.01678) on one
+corpus (the ``scape:`` section's suite, or the learning-rate sweep's runs) with the same data,
+seed and steps, skipping runs whose ``summary.json`` exists (a resumable pipeline: an
+interrupted run also resumes from its last checkpoint).
 """
 
 from __future__ import annotations

@@ -7,14 +7,18 @@ around AdamW / AdamS) does the gradient communication itself. Rank 0 writes the 
 the layout of :mod:`lmrepro.results`.
 
 Checkpoints (``--checkpoint-every``) use the one format of :mod:`lmrepro.results`:
-``OUT/checkpoints/step_XXXXXXX/rank{r}.pt`` (each rank: its optimizer shard state with the
+``OUT/checkpoints/step_XXXXXXX/rank{r}.pt`` (each rank: its optimizer state with its
 error-feedback residual and the in-flight mask, and its batch generator state; rank 0 also the
 replicated parameters), written atomically; after a barrier rank 0 points
 ``OUT/checkpoints/latest.json`` at the new directory, so a kill at any moment leaves the previous
 complete checkpoint. A relaunch with the same
 arguments resumes from it (``--no-resume`` to forbid) and reproduces the uninterrupted run's
 parameters and per-step losses bit for bit on CPU. The final parameters are saved as
-``OUT/model_final.pt``. No gradient clipping (for every method alike; see docs/scape.md).
+``OUT/model_final.pt``. Every method clips the global norm of its averaged (SCAPE: synced)
+gradient to ``max_grad_norm`` and uses the same weight-decay groups and lr schedule
+(:func:`build_optimizer`). A run whose loss or gradient stops being finite is stopped there on
+every rank and recorded as diverged (``RunSummary.diverged_at_step``, no ``final_bpb``), so a
+suite or sweep goes on.
 """
 
 from __future__ import annotations
@@ -41,14 +45,15 @@ from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl, atomic_torch_save, read_jsonl
 from lmrepro.memory import Memory, MemorySampler, memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
-from lmrepro.optim import SCAPE, AdamS, DenseDP, TopKEF, weight_decay_groups
-from lmrepro.results import (METRICS, SUMMARY, Method, RunSummary, load_checkpoint, mean_bytes,
+from lmrepro.optim import SCAPE, AdamS, DenseDP, NonFiniteGradientError, TopKEF, weight_decay_groups
+from lmrepro.results import (METRICS, SUMMARY, RunSummary, load_checkpoint, mean_bytes,
                              publish_checkpoint, save_checkpoint, step_time_std,
                              truncate_metrics, write_eval_losses, write_summary, writer_lock)
 from lmrepro.scape.config import RESUME_FREE, ScapeConfig, ScapeRun
 
 FINAL_MODEL = "model_final.pt"
 FAULT_ENV = "LMREPRO_FAULT_KILL_AT"   # "STEP:RANK": that rank SIGKILLs itself before STEP
+NAN_ENV = "LMREPRO_FAULT_NAN_AT"     # "STEP:RANK": that rank's loss is NaN at STEP (divergence)
 
 
 @dataclass(frozen=True)
@@ -72,21 +77,56 @@ def load_split_data(corpus_dir: str | os.PathLike, split: str) -> np.ndarray:
 
 
 def build_optimizer(cfg: ScapeConfig, run: ScapeRun, model: torch.nn.Module) -> Any:
-    """The optimizer of ``run.optimizer``; every one exposes ``comm_stats()``. The dense
-    baselines use the package's weight-decay groups; SCAPE and top-k take one group."""
-    named = list(model.named_parameters())
-    betas = (cfg.beta1, cfg.beta2)
+    """The optimizer of ``run`` under the suite's shared harness: every method gets the package's
+    weight-decay groups (:func:`lmrepro.optim.weight_decay_groups`: no decay on 1-D tensors and
+    embeddings), the run's learning rate, the suite's betas, eps and ``max_grad_norm`` (the
+    global norm of the averaged, for SCAPE the synced, gradient), and AdamS-based methods the
+    suite's ``bias_correction``. Every optimizer exposes ``comm_stats()``."""
+    groups = weight_decay_groups(model, cfg.weight_decay)
+    lr, betas = run.lr_or(cfg.lr), (cfg.beta1, cfg.beta2)
+
+    def adams() -> AdamS:
+        return AdamS(groups, lr=lr, betas=betas, eps=cfg.eps, bias_correction=cfg.bias_correction)
+
+    def adamw() -> torch.optim.AdamW:
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=cfg.eps, foreach=False)
+
     if run.optimizer == "adamw":
-        return DenseDP(torch.optim.AdamW(weight_decay_groups(model, cfg.weight_decay),
-                                         lr=cfg.lr, betas=betas, eps=cfg.eps, foreach=False))
+        return DenseDP(adamw(), max_grad_norm=cfg.max_grad_norm)
     if run.optimizer == "adams":
-        return DenseDP(AdamS(weight_decay_groups(model, cfg.weight_decay), lr=cfg.lr,
-                             betas=betas, eps=cfg.eps))
+        return DenseDP(adams(), max_grad_norm=cfg.max_grad_norm)
     if run.optimizer == "scape":
-        return SCAPE(named, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                     sparsity=run.sparsity, mask_score=cfg.mask_score)
-    return TopKEF(named, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                  sparsity=run.sparsity)
+        return SCAPE(groups, lr=lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                     density=run.density, dense_steps=cfg.dense_steps,
+                     density_start=cfg.density_start,
+                     density_warmup_steps=cfg.density_warmup_steps,
+                     exclude_1d_from_topk=cfg.exclude_1d_from_topk,
+                     bias_correction=cfg.bias_correction, max_grad_norm=cfg.max_grad_norm,
+                     mask_rule=run.mask_rule)
+    inner = adams() if run.topk_inner == "adams" else adamw()
+    return TopKEF(inner, density=run.density, exclude_1d_from_topk=cfg.exclude_1d_from_topk,
+                  max_grad_norm=cfg.max_grad_norm)
+
+
+def step_record(opt: Any) -> dict[str, Any]:
+    """What a step of ``opt`` adds to ``metrics.jsonl`` besides loss, lr and time: bytes by kind,
+    and for the sparse methods the density used, the coverage (fraction of the top-k tensors'
+    coordinates selected at least once while sparse, and while at the target density), this
+    rank's residual norm (gradient units)
+    and the synced gradient's norm (before clipping); SCAPE also the wait for its mask."""
+    rec: dict[str, Any] = {f"bytes_{k}": int(v) for k, v in opt.comm_stats().items()}
+    info = getattr(opt, "last_step_info", None)
+    if info is not None:
+        rec["density"] = float(info["density"])
+        rec["coverage"] = float(opt.coverage())
+        rec["coverage_at_target"] = float(opt.coverage(at_target=True))
+        rec["residual_norm"] = float(opt.residual_norm())
+        rec["grad_norm"] = float(info["grad_norm"])
+        if "mask_wait_s" in info:
+            rec["mask_wait_s"] = float(info["mask_wait_s"])
+    elif getattr(opt, "last_grad_norm", None) is not None:
+        rec["grad_norm"] = float(opt.last_grad_norm)
+    return rec
 
 
 def run_identity(cfg: ScapeConfig, run: ScapeRun, model: ModelConfig, target: RunTarget,
@@ -130,12 +170,20 @@ def _resume(ctx: DistContext, out: Path, model: torch.nn.Module, opt: Any,
 # ---------------------------------------------------------------------------------------------
 # the loop
 # ---------------------------------------------------------------------------------------------
-def _fault_step(rank: int) -> int | None:
-    spec = os.environ.get(FAULT_ENV)
+def _fault_step(rank: int, env: str = FAULT_ENV) -> int | None:
+    spec = os.environ.get(env)
     if not spec:
         return None
     step_s, rank_s = spec.split(":")
     return int(step_s) if int(rank_s) == rank else None
+
+
+def _record_divergence(ctx: DistContext, out: Path, run: ScapeRun, step: int, dt: float,
+                       why: str) -> None:
+    """Rank 0 logs the step that diverged (its time; no loss) and says so."""
+    if ctx.is_main:
+        append_jsonl(out / METRICS, {"step": step, "step_time_s": dt, "diverged": why})
+        print(f"{run.run_name}: diverged at step {step}: {why}", flush=True)
 
 
 def train(cfg: ScapeConfig, run: ScapeRun, model_cfg: ModelConfig, target: RunTarget) -> Path:
@@ -182,22 +230,32 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
             dist.barrier()
 
     fault_at = _fault_step(ctx.rank)
+    nan_at = _fault_step(ctx.rank, NAN_ENV)
     group = opt.param_groups
+    peak_lr = run.lr_or(cfg.lr)
+    diverged: int | None = None
     model.train()
     for step in range(start, cfg.steps):
         if fault_at is not None and step == fault_at:
             os.kill(os.getpid(), signal.SIGKILL)        # test hook: simulate kill -9 of a worker
-        lr = cosine_lr(step, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio)
+        lr = cosine_lr(step, cfg.steps, cfg.warmup_steps, peak_lr, cfg.min_lr_ratio)
         for g in group:
             g["lr"] = lr
         t0 = time.perf_counter()
         x, y = sample_batch(train_data, cfg.batch_size, mcfg.context, gen)
         x, y = x.to(ctx.device), y.to(ctx.device)
         loss = lm_loss(model(x), y)
+        if nan_at is not None and step == nan_at:
+            loss = loss * float("nan")                  # test hook: a diverging rank
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        with collective_guard(ctx, f"optimizer step {step}"):
-            opt.step()
+        try:
+            with collective_guard(ctx, f"optimizer step {step}"):
+                opt.step()
+        except NonFiniteGradientError as err:   # raised on every rank at once, nothing updated
+            diverged = step
+            _record_divergence(ctx, out, run, step, time.perf_counter() - t0, str(err))
+            break
         loss_t = loss.detach().reshape(1).to(torch.float64)
         if ctx.initialized:
             with collective_guard(ctx, f"loss all-reduce at step {step}"):
@@ -207,14 +265,13 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
             torch.cuda.synchronize(ctx.device)
         dt = time.perf_counter() - t0
         mean_loss = float(loss_t.item())
-        if not math.isfinite(mean_loss):
-            raise FloatingPointError(f"rank {ctx.rank}: loss is {mean_loss} at step {step} "
-                                     f"({run.run_name}); lower lr or raise warmup_steps")
+        if not math.isfinite(mean_loss):               # the same on every rank (all-reduced)
+            diverged = step
+            _record_divergence(ctx, out, run, step, dt, f"mean loss {mean_loss}")
+            break
         if ctx.is_main:
-            stats = opt.comm_stats()
-            append_jsonl(out / METRICS, {
-                "step": step, "loss": mean_loss, "lr": lr, "step_time_s": dt,
-                **{f"bytes_{k}": int(v) for k, v in stats.items()}})
+            append_jsonl(out / METRICS, {"step": step, "loss": mean_loss, "lr": lr,
+                                         "step_time_s": dt, **step_record(opt)})
         done = step + 1
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
             _save(ctx, out, done, model, opt, gen, identity)
@@ -230,45 +287,63 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
         gathered = [mine]
     per_rank = [Memory(*(int(v) for v in t.tolist())) for t in gathered]
     if ctx.is_main:
-        _finish(cfg, run, mcfg, target, ctx, out, model, per_rank, start)
+        _finish(cfg, run, mcfg, target, ctx, out, model, per_rank, start, diverged)
     return out
 
 
 def _finish(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget,
             ctx: DistContext, out: Path, model: torch.nn.Module, per_rank: list[Memory],
-            start: int) -> None:
-    """Rank 0 only, after the last collective: evaluation and the summary."""
-    val = load_split_data(target.corpus_dir, "val")
-    model.eval()
-    dev = ctx.device
-
-    def logits_fn(x: torch.Tensor) -> torch.Tensor:
-        return model(x.to(dev)).float().cpu()
-
-    losses = evaluate_losses(logits_fn, val, mcfg.context, cfg.eval_batch_size, cfg.eval_batches)
-    bpb = bits_per_byte(losses)
-    write_eval_losses(out, losses, cfg.eval_batch_size, mcfg.context)
-    atomic_torch_save({"step": cfg.steps, "model": model.state_dict()}, out / FINAL_MODEL)
+            start: int, diverged: int | None) -> None:
+    """Rank 0 only, after the last collective: evaluation and the summary. A diverged run is not
+    evaluated (no final model): its summary says where it stopped and has no ``final_bpb``."""
     records = [r for r in read_jsonl(out / METRICS) if "eval_bpb" not in r]
+    trained = cfg.steps if diverged is None else diverged + 1     # steps computed
+    bpb: float | None = None
+    if diverged is None:
+        val = load_split_data(target.corpus_dir, "val")
+        model.eval()
+        dev = ctx.device
+
+        def logits_fn(x: torch.Tensor) -> torch.Tensor:
+            return model(x.to(dev)).float().cpu()
+
+        losses = evaluate_losses(logits_fn, val, mcfg.context, cfg.eval_batch_size,
+                                 cfg.eval_batches)
+        bpb = bits_per_byte(losses)
+        write_eval_losses(out, losses, cfg.eval_batch_size, mcfg.context)
+        atomic_torch_save({"step": cfg.steps, "model": model.state_dict()}, out / FINAL_MODEL)
+        append_jsonl(out / METRICS, {"step": cfg.steps, "eval_bpb": bpb})
     times = [r["step_time_s"] for r in records]
     steady = [r for r in records if r["step"] >= 1] or records
-    tokens = cfg.steps * cfg.batch_size * mcfg.context * ctx.world_size
-    append_jsonl(out / METRICS, {"step": cfg.steps, "eval_bpb": bpb})
+    tokens = trained * cfg.batch_size * mcfg.context * ctx.world_size
+    sparse = [r for r in records if "coverage" in r]
     write_summary(out, RunSummary(
-        name=run.run_name, method=Method(run.optimizer),
+        name=run.run_name, method=run.method,
         corpus=target.corpus or Path(target.corpus_dir).name, seed=target.seed,
-        steps=cfg.steps, tokens=tokens, final_bpb=bpb,
-        tokens_per_s=tokens / max(sum(times), 1e-12), mean_step_time_s=float(np.mean(times)),
-        train_time_s=float(sum(times)), step_time_std_s=step_time_std(records),
+        steps=cfg.steps, tokens=tokens, final_bpb=bpb, diverged_at_step=diverged,
+        tokens_per_s=tokens / max(sum(times), 1e-12),
+        mean_step_time_s=float(np.mean(times)), train_time_s=float(sum(times)),
+        step_time_std_s=step_time_std(records),
         **memory_fields(None, processes_peaks=per_rank),
         n_params=sum(p.numel() for p in model.parameters()), processes=ctx.world_size,
         threads=ctx.world_size * cfg.threads, resumed_from_step=start, sparsity=run.sparsity,
         bytes_per_step=mean_bytes(records), bytes_per_step_after_step0=mean_bytes(steady),
         details={"peak_rss_bytes_per_rank": [m.rss for m in per_rank],
-                 "device": str(ctx.device),
-                 "backend": ctx.backend, "batch_size_per_worker": cfg.batch_size,
-                 "mask_score": cfg.mask_score if run.optimizer == "scape" else None},
+                 "device": str(ctx.device), "backend": ctx.backend,
+                 "batch_size_per_worker": cfg.batch_size, "lr": run.lr_or(cfg.lr),
+                 "mask_rule": run.mask_rule if run.optimizer == "scape" else None,
+                 "topk_inner": run.topk_inner if run.optimizer == "topk" else None,
+                 "final_coverage": sparse[-1]["coverage"] if sparse else None,
+                 "final_coverage_at_target": (sparse[-1].get("coverage_at_target")
+                                              if sparse else None),
+                 "max_residual_norm": max((r["residual_norm"] for r in sparse), default=None),
+                 "mean_density": (float(np.mean([r["density"] for r in sparse]))
+                                  if sparse else None)},
         config={"settings": cfg.to_dict(), "run": run.to_dict(), "model": mcfg.to_dict()}))
+    if bpb is None:
+        print(f"{run.run_name}: DIVERGED at step {diverged} (lr {run.lr_or(cfg.lr):g}); recorded "
+              f"in {out / SUMMARY}", file=sys.stdout, flush=True)
+        return
     print(f"{run.run_name}: {bpb:.4f} bits/byte after {cfg.steps} steps "
           f"({tokens / max(sum(times), 1e-12):.0f} tokens/s, world {ctx.world_size})",
           file=sys.stdout, flush=True)
