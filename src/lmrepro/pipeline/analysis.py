@@ -53,19 +53,23 @@ DEFAULT_STATS = StatsConfig()  # the design's test: 1 % margin, 95 %, 10 000 res
 ROLE_ADAMW = "adamw"
 ROLE_ADAMS = "adams"
 ROLE_SCAPE = "scape"
-ROLE_TOPK = "topk"
+ROLE_TOPK = "topk"                  # top-k with error feedback on AdamS (the paper's foil)
+ROLE_SCAPE_STALE_M = "scape_stale_m"  # SCAPE with the stale-|m| mask rule (our ablation)
+ROLE_TOPK_ADAMW = "topk_adamw"      # top-k with error feedback on AdamW
 ROLE_BACKPROP = "backprop"
 ROLE_RGC_ASYNC = "rgc_async"
 ROLE_RGC_SYNC = "rgc_sync"
 # roles whose processes are data-parallel replicas (their count is the world size)
-DATA_PARALLEL = (ROLE_ADAMW, ROLE_ADAMS, ROLE_SCAPE, ROLE_TOPK)
+SPARSE = (ROLE_SCAPE, ROLE_SCAPE_STALE_M, ROLE_TOPK, ROLE_TOPK_ADAMW)
+DATA_PARALLEL = (ROLE_ADAMW, ROLE_ADAMS, *SPARSE)
 _RGC_ROLES = {"async": ROLE_RGC_ASYNC, "sync": ROLE_RGC_SYNC}
 
 # Which candidate roles are judged against which baseline roles (DESIGN.md, "Non-inferiority":
 # "The same test judges SCAPE vs dense AdamW/AdamS and RGC vs global backprop").
 DEFAULT_PAIRINGS: tuple[tuple[str, str], ...] = (
     (ROLE_SCAPE, ROLE_ADAMW), (ROLE_SCAPE, ROLE_ADAMS),
-    (ROLE_TOPK, ROLE_ADAMW), (ROLE_TOPK, ROLE_ADAMS),
+    (ROLE_SCAPE_STALE_M, ROLE_ADAMW), (ROLE_SCAPE_STALE_M, ROLE_ADAMS),
+    (ROLE_TOPK, ROLE_ADAMW), (ROLE_TOPK, ROLE_ADAMS), (ROLE_TOPK_ADAMW, ROLE_ADAMW),
     (ROLE_RGC_ASYNC, ROLE_BACKPROP), (ROLE_RGC_SYNC, ROLE_BACKPROP),
 )
 # The reference roles of each stage's tables: (throughput and memory, communication).
@@ -147,7 +151,9 @@ def load_run(name: str, source: RunSource) -> Run:
     path = Path(source)
     check(path.is_dir(), f"runs[{name!r}]", str(path), "must be an existing run directory")
     summary = read_summary(path)
-    meta = read_json(path / EVAL_LOSSES)
+    # a diverged run may have written no evaluation (RunSummary.diverged_at_step)
+    meta = (read_json(path / EVAL_LOSSES) if (path / EVAL_LOSSES).exists()
+            or summary.diverged_at_step is None else {"losses": []})
     return Run(name=name, path=path, summary=summary,
                role=run_role(summary.method, summary.executor, f"{path / SUMMARY}: "),
                eval_losses=tuple(float(x) for x in meta.pop("losses")), eval_meta=meta,
@@ -299,7 +305,8 @@ class RunRecord(_Record):
     processes: int
     threads: int
     steps: int
-    final_bpb: float
+    final_bpb: float | None
+    diverged_at_step: int | None = None
     tokens_per_s: float
     mean_step_time_s: float
     step_time_std_s: float | None
@@ -469,7 +476,7 @@ def config_label(run: Run, with_lr: bool = False) -> str:
     label = run.summary.method
     if run.role in (ROLE_RGC_ASYNC, ROLE_RGC_SYNC):
         label += "-" + run.summary.executor
-    if run.role in (ROLE_SCAPE, ROLE_TOPK) and run.summary.sparsity is not None:
+    if run.role in SPARSE and run.summary.sparsity is not None:
         label += f"@{run.summary.sparsity:.0%}"
     if run.world_size is not None:
         label += f" p={run.world_size}"
@@ -559,6 +566,12 @@ def _pooled_losses(loaded: dict[str, Run], comp: Comparison
         check(b.summary.corpus == c.summary.corpus, f"comparison {comp.label!r}",
               (b.summary.corpus, c.summary.corpus),
               "must compare runs evaluated on the same corpus")
+        if c.summary.diverged_at_step is not None and not c.eval_losses:
+            # a candidate that diverged before its evaluation: every pair is non-finite
+            base_all += b.eval_losses
+            cand_all += [math.nan] * len(b.eval_losses)
+            seeds += [c.summary.seed] * len(b.eval_losses)
+            continue
         check(len(b.eval_losses) == len(c.eval_losses), f"{c.path / EVAL_LOSSES}",
               f"<{len(c.eval_losses)} losses>",
               f"must be paired with {b.name!r}: the same {len(b.eval_losses)} eval batches")
@@ -600,8 +613,12 @@ def run_comparisons(runs: Runs, comparisons: Sequence[ComparisonSpec] | None = N
                                             confidence=stats.confidence,
                                             n_resamples=stats.n_resamples, seed=stats.seed,
                                             groups=groups, min_groups=stats.min_seeds)
-        note = (f"candidate diverged: non-finite eval loss at pooled batch {bad[0]}; counted as "
-                "not non-inferior") if bad else (r.fallback_reason or "")
+        diverged = sorted({loaded[n].summary.diverged_at_step for n in comp.candidate}
+                          - {None})
+        where = (f"at training step {diverged[0]}" if diverged
+                 else f"non-finite eval loss at pooled batch {bad[0] if bad else -1}")
+        note = (f"candidate diverged: {where}; counted as not non-inferior") if bad \
+            else (r.fallback_reason or "")
         outcomes.append(ComparisonOutcome(ComparisonRecord(
             label=comp.label, corpus=c.summary.corpus, candidate_role=c.role,
             baseline_role=b.role, candidate_method=c.summary.method,
