@@ -198,9 +198,11 @@ def write_runs(proj: Path) -> None:
                      rel=0.05 * (method == "topk"), **extra,
                      bytes_per_step={"grad_values": 10.0, "param_values": 0.0, "mask": 0.0,
                                      "total": 10.0})
-        make_run(rgc / f"seed{seed}", "backprop", "backprop", executor="backprop", seed=seed)
+        idle = {"rss": 300 * 2**20, "pss": 120 * 2**20, "uss": 100 * 2**20}
+        make_run(rgc / f"seed{seed}", "backprop", "backprop", executor="backprop", seed=seed,
+                 peak_pss_bytes=800 * 2**20, idle_torch_process=idle)
         make_run(rgc / f"seed{seed}", "rgc-async", "rgc", executor="async", seed=seed,
-                 rel=0.004)
+                 rel=0.004, processes=2, peak_pss_bytes=1100 * 2**20, idle_torch_process=idle)
 
 
 @pytest.mark.slow

@@ -85,14 +85,14 @@ def test_stage_runs_the_sweep_then_the_suite_at_the_winners(corpus, tmp_path, mo
                        mask_rule="stale_m")],
         sweep=ScapeSweep(lrs=[1e-3, 1e-2, 1e-1, 1.0], steps=4, seed=11))
     stage = tmp_path / "results" / "scape"
-    out = run_suite(suite, ModelConfig(**TINY), 0, prepared, stage)
+    out = run_suite(suite, ModelConfig(**TINY), [0], prepared, stage)
     table = read_json(stage / "sweep" / "sweep.json")
     assert len(table["rows"]) == 12 and set(table["best"]) <= {"adams", "scape90",
                                                                 "scape90_stale_m"}
     assert (stage / "sweep" / "sweep.csv").read_text().startswith("run,method,sparsity,lr")
     for key, run_dir in out.items():
         s = read_json(run_dir / "summary.json")
-        name = key.split("/")[1]
+        name = key.split("/")[-1]
         if name in table["best"]:
             assert s["details"]["lr"] == table["best"][name], name
     sweep_seeds = {read_json(d / "summary.json")["seed"]

@@ -67,12 +67,17 @@ class RunTarget:
     resume: bool = True
 
 
-def load_split_data(corpus_dir: str | os.PathLike, split: str) -> np.ndarray:
-    """A prepared split (verified uint8 memmap); a clear error if the directory is not one."""
+def check_prepared(corpus_dir: str | os.PathLike) -> None:
+    """A clear error if ``corpus_dir`` is not a prepared corpus."""
     if not (Path(corpus_dir) / "manifest.json").exists():
         raise ParameterError("corpus_dir", str(corpus_dir),
                              "must be a prepared corpus (with manifest.json); run `lmrepro "
                              "prepare` first")
+
+
+def load_split_data(corpus_dir: str | os.PathLike, split: str) -> np.ndarray:
+    """A prepared split (verified uint8 memmap); a clear error if the directory is not one."""
+    check_prepared(corpus_dir)
     return load_split(corpus_dir, split)
 
 
@@ -188,6 +193,7 @@ def _record_divergence(ctx: DistContext, out: Path, run: ScapeRun, step: int, dt
 
 def train(cfg: ScapeConfig, run: ScapeRun, model_cfg: ModelConfig, target: RunTarget) -> Path:
     """Run (or resume, or skip if finished) one distributed training run; returns the run dir."""
+    check_prepared(target.corpus_dir)      # before the lock creates the run directory
     ctx = init_from_env(cfg.timeout_s, cfg.device)
     try:
         with writer_lock(target.out, enabled=ctx.is_main):   # one writer: rank 0 holds it
