@@ -228,3 +228,15 @@ def test_analysis_notebooks_run_as_opened_from_notebooks(tmp_path: Path) -> None
     assert not (proj / "notebooks" / "results").exists()
     claims = (proj / "results" / "analysis" / "claims.csv").read_text()
     assert "one training seed" not in claims and "2 training seeds" in claims
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_no_notebook_repeats_a_cell(path: Path) -> None:
+    """A merge once left the loss-curve cell twice in 06 and 07 (each report drew it twice) and
+    repeated cell ids: every code cell and every id appears once."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    code = ["".join(c["source"]).strip() for c in cells if c["cell_type"] == "code"]
+    code = [s for s in code if s]
+    assert len(code) == len(set(code)), [s for s in code if code.count(s) > 1]
+    ids = [c.get("id") for c in cells]
+    assert len(ids) == len(set(ids))

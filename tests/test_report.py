@@ -297,3 +297,7 @@ def test_the_repository_url_comes_from_citation_or_the_git_remote(project: Path)
         page = build(project, repo_dir=project).read_text(encoding="utf-8")
         assert "url = {https://example.org/from-remote.git}" in page
         assert "repository URL is not recorded" not in page
+        # a clone of a local clone has a path for a remote: not a URL a reader can follow
+        git(project, "remote", "set-url", "origin", str(project.parent / "elsewhere"))
+        page = build(project, repo_dir=project).read_text(encoding="utf-8")
+        assert "repository URL is not recorded" in page and "elsewhere}" not in page

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 from collections.abc import Sequence
 from importlib import metadata
@@ -50,9 +51,11 @@ def git_info(repo_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def git_remote_url(repo_dir: str | os.PathLike, remote: str = "origin") -> str | None:
-    """The URL of ``remote`` of the checkout at ``repo_dir`` (None without one)."""
+    """The network URL of ``remote`` of the checkout at ``repo_dir``; None without one, or when
+    the remote is a local path (a clone of a clone): no reader can follow that to the code."""
     out = _run_git(Path(repo_dir), "remote", "get-url", remote)
-    return out.stdout.strip() or None if out is not None and out.returncode == 0 else None
+    url = out.stdout.strip() if out is not None and out.returncode == 0 else ""
+    return url if re.match(r"(https?|ssh|git)://|[\w.-]+@[\w.-]+:", url) else None
 
 
 def package_versions(packages: Sequence[str] = PACKAGES) -> dict[str, str]:
