@@ -307,6 +307,27 @@ def test_forkserver_workers_die_with_the_process_that_started_them(tmp_path):
     assert gone_within(workers + helpers, 10.0) < 10.0
 
 
+def test_a_report_kernel_is_killed_when_its_runner_ends_and_only_then():
+    """``die_with_report_runner``: with ``$LMREPRO_RUNNER_PID`` set, the process is SIGKILLed
+    when that process ends (the kernel of a killed ``lmrepro notebook``: ipykernel's own poller
+    would let it exit normally up to a second later); without it, nothing is armed."""
+    from lmrepro.lifetime import RUNNER_PID_ENV
+
+    code = ("import sys, time\nfrom lmrepro.lifetime import die_with_report_runner\n"
+            "print(die_with_report_runner(), flush=True)\ntime.sleep(float(sys.argv[1]))")
+    runner = subprocess.Popen(["sleep", "300"])
+    kernel = subprocess.Popen([PY, "-c", code, "60"], stdout=subprocess.PIPE, text=True,
+                              env=env(**{RUNNER_PID_ENV: str(runner.pid)}))
+    assert kernel.stdout is not None and kernel.stdout.readline().strip() == str(runner.pid)
+    assert kernel.poll() is None                          # armed, not fired
+    runner.kill()
+    runner.wait()
+    assert kernel.wait(timeout=30) == -signal.SIGKILL     # killed, not the 60 s sleep's end
+    plain = subprocess.run([PY, "-c", code, "0"], capture_output=True, text=True, timeout=60,
+                           env={k: v for k, v in env().items() if k != RUNNER_PID_ENV})
+    assert plain.returncode == 0 and plain.stdout.strip() == "None"
+
+
 STAGE_PROCESS = textwrap.dedent("""
     import pathlib, subprocess, sys, time
     from lmrepro.lifetime import bind_to_pipeline
@@ -897,16 +918,22 @@ def test_pipeline_survives_sigkills_and_a_bad_parameter_keeps_every_product(tmp_
     tag = f"repro-b-{os.getpid()}"
     dvc = _dvc_repro(proj, tag)
 
-    def stage_process() -> int:
-        for pid in _tagged(tag):
-            with contextlib.suppress(psutil.Error):
-                if "notebook" in psutil.Process(pid).cmdline():
-                    return pid
-        raise AssertionError("no stage process")
+    stage_pid: list[int] = []      # found before the moment to kill comes: no scan then
+
+    def async_run_checkpointed() -> bool:
+        if not stage_pid:
+            for pid in _tagged(tag):
+                with contextlib.suppress(psutil.Error):
+                    cmdline = psutil.Process(pid).cmdline()
+                    if "notebook" in cmdline and any("05_train_rgc" in a for a in cmdline):
+                        stage_pid.append(pid)
+                        break
+        return bool(stage_pid) and async_latest.exists() and len(_loss_steps(
+            rgc_runs / "rgc-async")) >= 25
 
     async_latest = rgc_runs / "rgc-async" / "checkpoints" / "latest.json"
-    left = _kill_when(dvc, lambda: async_latest.exists() and len(_loss_steps(
-        rgc_runs / "rgc-async")) >= 25, stage_process, tag, "rgc-async's checkpoint")
+    left = _kill_when(dvc, async_run_checkpointed, lambda: stage_pid[0], tag,
+                      "rgc-async's checkpoint")
     assert left < 10.0
     assert not (rgc_runs / "rgc-async" / "summary.json").exists(), "killed too late"
     assert not list((proj / "reports").glob("tmp*"))
@@ -1013,7 +1040,9 @@ def test_a_killed_notebook_run_leaves_no_process_and_no_temporary_directory(tmp_
 
     reports, scratch = tmp_path / "reports", tmp_path / "scratch"
     scratch.mkdir()
-    nb = _notebook(tmp_path / "slow.ipynb", "import time\ntime.sleep(300)")
+    # the first cell of every pipeline notebook, which binds the kernel to the runner
+    nb = _notebook(tmp_path / "slow.ipynb", "from lmrepro.pipeline.session import start\n"
+                   "params = start()\nimport time\ntime.sleep(300)")
     tag = f"nb-{os.getpid()}"
     proc = subprocess.Popen([PY, "-m", "lmrepro", "notebook", str(nb), "--reports", str(reports)],
                             cwd=ROOT, env=env(LMREPRO_TEST_TAG=tag, TMPDIR=str(scratch)),

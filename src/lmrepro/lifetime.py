@@ -24,8 +24,11 @@ dvc → ``lmrepro notebook``         :func:`bind_to_pipeline` (under DVC only: `
                                    when the shell in between did not exec; SIGTERM kills the
                                    kernel's process group, then becomes ``SystemExit`` (clean-up
                                    runs) with a hard deadline
-notebook → kernel                  that SIGTERM; when the notebook is SIGKILLed, ipykernel's own
-                                   parent poller (``JPY_PARENT_PID``, within 1 s)
+notebook → kernel                  that SIGTERM; when the notebook is SIGKILLed,
+                                   :func:`die_with_report_runner` in the kernel's first cell: a
+                                   watchdog on the runner's PID (a pidfd, at once; ipykernel's
+                                   own parent poller would take up to 1 s, long enough for a
+                                   small run to train on and write more checkpoints)
 kernel → torchrun agent            :func:`guarded_command`: an exec wrapper that arms SIGKILL as
                                    the parent-death signal, then execs torchrun
 agent → workers                    :func:`die_with_torchrun_agent` first in ``train-scape``
@@ -67,6 +70,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 FAULT_ENV = "LMREPRO_FAULT_AT"
+#: the PID of ``lmrepro notebook``, set in the environment of the kernel it starts
+RUNNER_PID_ENV = "LMREPRO_RUNNER_PID"
 PR_SET_PDEATHSIG = 1
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "busybox"})
 HARD_EXIT_S = 10.0      # after SIGTERM: clean-up gets this long, then the process is killed
@@ -184,6 +189,21 @@ def die_with_multiprocessing_parent(sig: int = signal.SIGKILL) -> bool:
     else:
         exit_with(parent.pid, sig)
     return True
+
+
+def die_with_report_runner(sig: int = signal.SIGKILL) -> int | None:
+    """In a kernel started by ``lmrepro notebook`` (:data:`RUNNER_PID_ENV` set), have ``sig``
+    sent to this process the moment the runner ends; returns the PID watched (None elsewhere).
+
+    The kernel runs in a session of its own and its parent-death link is ipykernel's poller,
+    which looks once a second: after a SIGKILL of the runner a training cell would go on for up
+    to a second. A pidfd watchdog ends it at once (its stage workers follow their own links)."""
+    value = os.environ.get(RUNNER_PID_ENV, "")
+    if not value.isdigit():
+        return None
+    pid = int(value)
+    exit_with(pid, sig)
+    return pid
 
 
 def kill_children() -> list[int]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_text
-from lmrepro.lifetime import scratch_dir
+from lmrepro.lifetime import RUNNER_PID_ENV, scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,15 @@ INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 def _kernel_env() -> None:
     """Make the ``python3`` kernel the interpreter running us (the project's environment), with
-    the inline figure backend and the report flag."""
+    the inline figure backend, the report flag and our PID (the kernel dies with us:
+    :func:`lmrepro.lifetime.die_with_report_runner`)."""
     bindir = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     if not path.startswith(bindir + os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + path
     os.environ["MPLBACKEND"] = INLINE_BACKEND
     os.environ[REPORT_ENV] = "1"
+    os.environ[RUNNER_PID_ENV] = str(os.getpid())
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 
 
