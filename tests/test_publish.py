@@ -100,6 +100,19 @@ def test_an_unfinished_or_oversized_run_is_refused_before_anything_is_written(
     assert "old text" in (root / "README.md").read_text()
 
 
+def test_the_readme_links_from_its_own_folder_when_the_run_is_elsewhere(tmp_path: Path) -> None:
+    """A run made in another checkout, published into this one: the README's links start at
+    the README's folder, not at the run's."""
+    root = finished_run(tmp_path / "run")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README.md").write_text((root / "README.md").read_text())
+    dest = P.publish(root, repo / "published" / "reference", readme=repo / "README.md")
+    section = P.readme_section(repo / "README.md")
+    assert section == P.results_section(dest, "published/reference")
+    assert "](published/reference/reports/index.html)" in section and "../" not in section
+
+
 def test_another_profile_is_published_beside_and_leaves_the_readme(tmp_path: Path) -> None:
     root = finished_run(tmp_path / "proj", profile="default")
     assert P.publish(root) == root / "published" / "default"

@@ -109,8 +109,10 @@ def publish(root: str | os.PathLike = ".", dest: str | os.PathLike | None = None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if readme is not None and profile == REFERENCE:
-        update_readme(Path(readme) if Path(readme).is_absolute() else root / readme,
-                      dest, link_base=os.path.relpath(dest, root))
+        readme_path = Path(readme) if Path(readme).is_absolute() else root / readme
+        # links as the README's reader follows them: from the README's folder
+        update_readme(readme_path, dest,
+                      link_base=os.path.relpath(dest.resolve(), readme_path.parent.resolve()))
     return dest
 
 
