@@ -328,6 +328,21 @@ def test_a_report_kernel_is_killed_when_its_runner_ends_and_only_then():
     assert plain.returncode == 0 and plain.stdout.strip() == "None"
 
 
+def test_the_runner_binds_its_kernel_before_any_cell(tmp_path):
+    """``lmrepro notebook`` has the kernel arm the watchdog on the runner before the first cell,
+    whatever the notebook holds: the watchdog thread on the runner's PID is there."""
+    from lmrepro.pipeline.notebook import run_notebook
+
+    nb = _notebook(tmp_path / "bound.ipynb", textwrap.dedent("""\
+        import os, threading
+        from lmrepro.lifetime import RUNNER_PID_ENV
+        runner = os.environ[RUNNER_PID_ENV]
+        assert runner != str(os.getpid())
+        names = [t.name for t in threading.enumerate()]
+        assert f"lmrepro-exit-with-{runner}" in names, names"""))
+    run_notebook(nb, tmp_path / "reports", cwd=tmp_path)    # raises if a cell's assert fails
+
+
 STAGE_PROCESS = textwrap.dedent("""
     import pathlib, subprocess, sys, time
     from lmrepro.lifetime import bind_to_pipeline
@@ -1040,9 +1055,7 @@ def test_a_killed_notebook_run_leaves_no_process_and_no_temporary_directory(tmp_
 
     reports, scratch = tmp_path / "reports", tmp_path / "scratch"
     scratch.mkdir()
-    # the first cell of every pipeline notebook, which binds the kernel to the runner
-    nb = _notebook(tmp_path / "slow.ipynb", "from lmrepro.pipeline.session import start\n"
-                   "params = start()\nimport time\ntime.sleep(300)")
+    nb = _notebook(tmp_path / "slow.ipynb", "import time\ntime.sleep(300)")
     tag = f"nb-{os.getpid()}"
     proc = subprocess.Popen([PY, "-m", "lmrepro", "notebook", str(nb), "--reports", str(reports)],
                             cwd=ROOT, env=env(LMREPRO_TEST_TAG=tag, TMPDIR=str(scratch)),

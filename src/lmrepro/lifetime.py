@@ -25,8 +25,9 @@ dvc → ``lmrepro notebook``         :func:`bind_to_pipeline` (under DVC only: `
                                    kernel's process group, then becomes ``SystemExit`` (clean-up
                                    runs) with a hard deadline
 notebook → kernel                  that SIGTERM; when the notebook is SIGKILLed,
-                                   :func:`die_with_report_runner` in the kernel's first cell: a
-                                   watchdog on the runner's PID (a pidfd, at once; ipykernel's
+                                   :func:`die_with_report_runner`, run by the kernel before any
+                                   cell (``exec_lines``): a watchdog on the runner's PID (a
+                                   pidfd, at once; ipykernel's
                                    own parent poller would take up to 1 s, long enough for a
                                    small run to train on and write more checkpoints)
 kernel → torchrun agent            :func:`guarded_command`: an exec wrapper that arms SIGKILL as

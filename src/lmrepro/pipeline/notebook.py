@@ -30,13 +30,16 @@ log = logging.getLogger(__name__)
 
 #: set to "1" in the kernel's environment by :func:`run_notebook`
 REPORT_ENV = "LMREPRO_REPORT"
+#: run by the kernel before any cell: it dies the moment this process does, whatever the
+#: notebook holds (:func:`lmrepro.lifetime.die_with_report_runner`)
+KERNEL_EXEC_LINES = ("--IPKernelApp.exec_lines=__import__('lmrepro.lifetime', fromlist=['_'])"
+                     ".die_with_report_runner() and None")
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 
 def _kernel_env() -> None:
     """Make the ``python3`` kernel the interpreter running us (the project's environment), with
-    the inline figure backend, the report flag and our PID (the kernel dies with us:
-    :func:`lmrepro.lifetime.die_with_report_runner`)."""
+    the inline figure backend, the report flag and our PID (for :data:`KERNEL_EXEC_LINES`)."""
     bindir = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     if not path.startswith(bindir + os.pathsep):
@@ -110,7 +113,7 @@ def run_notebook(notebook: str | Path, reports_dir: str | Path = "reports",
         papermill.execute_notebook(
             str(notebook), str(tmp_nb), parameters=parameters or {}, kernel_name="python3",
             cwd=str(workdir), progress_bar=False, execution_timeout=timeout_s,
-            log_output=False,
+            log_output=False, extra_arguments=[KERNEL_EXEC_LINES],
         )
         nb = nbformat.read(tmp_nb, as_version=4)
         body = render_report(nb, report_header(notebook, nb, parameters or {}, workdir))

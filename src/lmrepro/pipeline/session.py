@@ -140,10 +140,6 @@ def start(params_file: str | os.PathLike | None = None, profile: str | None = No
     path = resolve_params_file(params_file, root, cwd)
     os.chdir(root)
     report = in_report()
-    if report:    # a report's kernel ends the moment the runner does (docs/reliability.md)
-        from lmrepro.lifetime import die_with_report_runner
-
-        die_with_report_runner()
     configure_output(report)
     configure_figures()
     import pandas as pd
