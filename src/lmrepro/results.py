@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 SUMMARY = "summary.json"
 EVAL_LOSSES = "eval_losses.json"
+EVAL_LOSSES_TEST = "eval_losses_test.json"      # the same on the test split, where written
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
@@ -147,9 +148,13 @@ def _finite_or_name(x: float) -> float | str:
     return x if math.isfinite(x) else repr(x)        # "nan", "inf", "-inf"
 
 
-def write_eval_losses(run_dir: str | Path, losses: list[float], batch_size: int, context: int
-                      ) -> None:
-    atomic_write_json(Path(run_dir) / EVAL_LOSSES, {
+def write_eval_losses(run_dir: str | Path, losses: list[float], batch_size: int, context: int,
+                      split: str = "val") -> None:
+    """The final model's per-batch losses on ``split`` (``val``: :data:`EVAL_LOSSES`, ``test``:
+    :data:`EVAL_LOSSES_TEST`)."""
+    check(split in ("val", "test"), "split", split, "must be 'val' or 'test'")
+    name = EVAL_LOSSES if split == "val" else EVAL_LOSSES_TEST
+    atomic_write_json(Path(run_dir) / name, {
         "losses": [_finite_or_name(x) for x in losses], "unit": "nats",
         "batch_size": batch_size, "context": context,
     })

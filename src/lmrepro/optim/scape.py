@@ -64,6 +64,7 @@ from .comm import (Comm, FlatParams, all_finite, check_density, check_grads, che
 from .errors import ParameterError, check
 
 MASK_RULES = ("ef_momentum", "stale_m")
+DECAY_SCOPES = ("all", "mask")
 STATE_FORMAT = "lmrepro.SCAPE/2"
 
 
@@ -156,7 +157,7 @@ class SCAPE(torch.optim.Optimizer):
                  density_start: float = 1.0, density_warmup_steps: int = 0,
                  exclude_1d_from_topk: bool = True, bias_correction: bool = True,
                  max_grad_norm: float | None = None, mask_rule: str = "ef_momentum",
-                 process_group: Any = None) -> None:
+                 decay_scope: str = "all", process_group: Any = None) -> None:
         who = "SCAPE"
         check_hyperparameters(lr, betas, eps, weight_decay, prefix=who)
         check_density(density, f"{who}.density")
@@ -172,6 +173,8 @@ class SCAPE(torch.optim.Optimizer):
         check_max_grad_norm(max_grad_norm, f"{who}.max_grad_norm")
         check(mask_rule in MASK_RULES, f"{who}.mask_rule", mask_rule,
               f"must be one of {MASK_RULES}")
+        check(decay_scope in DECAY_SCOPES, f"{who}.decay_scope", decay_scope,
+              f"must be one of {DECAY_SCOPES}")
         groups = param_groups(params, who)
         for i, g in enumerate(groups):
             check_params(g["params"], g["names"], who)
@@ -202,6 +205,7 @@ class SCAPE(torch.optim.Optimizer):
         self.bias_correction = bool(bias_correction)
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.mask_rule = mask_rule
+        self.decay_scope = decay_scope
         self.betas = (float(betas[0]), float(betas[1]))
         self.eps = float(eps)
 
@@ -257,6 +261,8 @@ class SCAPE(torch.optim.Optimizer):
         self._payload = torch.zeros(self.n + 1, dtype=f32, device=dev)
         self.ever = torch.zeros(self.n, dtype=torch.bool, device=dev)
         self.ever_at_target = torch.zeros(self.n, dtype=torch.bool, device=dev)
+        # the last step each coordinate was in the mask (-1: never), for the mask diagnostics
+        self.last_in = torch.full((self.n,), -1, dtype=torch.int64, device=dev)
         self._support: torch.Tensor | None = None   # where m may be non-zero (None: anywhere)
         self._pending: _Pending | None = None
         self._step = 0
@@ -482,6 +488,10 @@ class SCAPE(torch.optim.Optimizer):
             self._c, self.residual = self.residual, c
         self._support = idx if self.mask_rule == "ef_momentum" else None
 
+        if idx is None:
+            self.last_in.fill_(t)
+        else:
+            info.update(self._mask_diagnostics(idx, u, t))
         self._apply_update(idx, u)                  # 5. every coordinate
         if self.mask_rule == "stale_m" and d_next < 1.0:
             nxt = self._launch_mask(self.m, d_next, async_op=True)
@@ -498,14 +508,44 @@ class SCAPE(torch.optim.Optimizer):
         comm.end_step()
         return loss
 
+    def _mask_diagnostics(self, idx: torch.Tensor, u: torch.Tensor, t: int
+                          ) -> dict[str, float | None]:
+        """How the mask of step ``t`` relates to the previous one, over the top-k tensors only:
+        the fraction of its coordinates kept from step ``t - 1``, and for those that (re-)enter
+        it, how many steps they were out and the size of their normalised step ``|u|`` (the step
+        is ``lr |u|``) beside that of the coordinates that stayed. Reads only: the numbers of the
+        step do not depend on it."""
+        n_top = idx.numel() - self.n_excluded        # idx: the owners' parts, then the excluded
+        top, ut = idx[:n_top], u[:n_top].abs()
+        last = self.last_in.index_select(0, top)
+        stay = last == t - 1
+        enter = ~stay
+        back = enter & (last >= 0)
+        out: dict[str, float | None] = {"mask_kept": float(stay.float().mean()) if n_top else 0.0,
+                                 "mask_new": float((last < 0).float().mean()) if n_top else 0.0}
+        out["step_stay"] = float(ut[stay].mean()) if bool(stay.any()) else None
+        out["step_enter"] = float(ut[enter].mean()) if bool(enter.any()) else None
+        out["reentry_gap"] = (float((t - last[back]).float().mean()) if bool(back.any())
+                              else None)
+        self.last_in.index_fill_(0, top, t)
+        if self.n_excluded:
+            self.last_in.index_fill_(0, idx[n_top:], t)
+        return out
+
     def _apply_update(self, idx: torch.Tensor | None, u: torch.Tensor) -> None:
-        """``p <- p (1 - lr wd) - lr u`` per group (``u`` on ``idx``, or everywhere)."""
+        """``p <- p (1 - lr wd) - lr u`` per group (``u`` on ``idx``, or everywhere); with
+        ``decay_scope="mask"`` (an ablation) the decay hits only the coordinates of ``idx``."""
         p = self.master
         lrs = [float(g["lr"]) for g in self.param_groups]
         for g, (lo, hi), lr in zip(self.param_groups, self.group_bounds, lrs):
             wd = float(g["weight_decay"])
-            if lr * wd != 0.0:
+            if lr * wd == 0.0:
+                continue
+            if self.decay_scope == "all" or idx is None:
                 p[lo:hi].mul_(1.0 - lr * wd)
+            else:
+                sel = idx[(idx >= lo) & (idx < hi)]
+                p.index_copy_(0, sel, p.index_select(0, sel) * (1.0 - lr * wd))
         if idx is None:
             for (lo, hi), lr in zip(self.group_bounds, lrs):
                 p[lo:hi].add_(u[lo:hi], alpha=-lr)
@@ -535,6 +575,7 @@ class SCAPE(torch.optim.Optimizer):
             "numels": [s.numel for s in self.slots], "mask_rule": self.mask_rule,
             "m": self.m.clone(), "residual": self.residual.clone(), "ever": self.ever.clone(),
             "support": None if self._support is None else self._support.clone(),
+            "last_in": self.last_in.clone(),
             "next_mask": nxt,
             "next_density": None if self._pending is None else self._pending.density,
             "master": None if self.master is self.flat.flat else self.master.clone(),
@@ -565,6 +606,8 @@ class SCAPE(torch.optim.Optimizer):
         self.m.copy_(state["m"])
         self.residual.copy_(state["residual"])
         self.ever.copy_(state["ever"])
+        if "last_in" in state:      # states saved before the mask diagnostics have none
+            self.last_in.copy_(state["last_in"])
         sup = state["support"]
         self._support = None if sup is None else sup.to(self.device)
         nxt = state["next_mask"]

@@ -25,6 +25,7 @@ from .comm import (Comm, all_finite, check_density, check_grads, check_max_grad_
                    keep_count, nonfinite_error, pack_bits, params_and_names, topk_indices,
                    unpacked_indices)
 from .errors import check
+from .scape import density_at
 
 
 class TopKEF:
@@ -35,7 +36,8 @@ class TopKEF:
 
     def __init__(self, optimizer: torch.optim.Optimizer, density: float = 0.01, *,
                  exclude_1d_from_topk: bool = True, max_grad_norm: float | None = None,
-                 process_group: Any = None) -> None:
+                 dense_steps: int = 0, density_start: float = 1.0,
+                 density_warmup_steps: int = 0, process_group: Any = None) -> None:
         who = "TopKEF"
         check(isinstance(optimizer, torch.optim.Optimizer), f"{who}.optimizer",
               type(optimizer).__name__, "must be a torch.optim.Optimizer (AdamS or AdamW)")
@@ -43,8 +45,17 @@ class TopKEF:
         check(isinstance(exclude_1d_from_topk, bool), f"{who}.exclude_1d_from_topk",
               exclude_1d_from_topk, "must be True or False")
         check_max_grad_norm(max_grad_norm, f"{who}.max_grad_norm")
+        for name, steps in (("dense_steps", dense_steps),
+                            ("density_warmup_steps", density_warmup_steps)):
+            check(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0,
+                  f"{who}.{name}", steps, "must be an integer >= 0")
+        check_density(density_start, f"{who}.density_start")
         self.optimizer = optimizer
         self.density = float(density)
+        # the density schedule SCAPE uses (optim.scape.density_at), so both sparse methods of a
+        # comparison ramp down alike
+        self.dense_steps, self.density_start = int(dense_steps), float(density_start)
+        self.density_warmup_steps = int(density_warmup_steps)
         self.exclude_1d_from_topk = exclude_1d_from_topk
         self.max_grad_norm = max_grad_norm
         self._params, self._names = params_and_names(optimizer)
@@ -71,6 +82,7 @@ class TopKEF:
         self._dense = torch.zeros(self.n, dtype=torch.float32, device=dev)
         self.ever = torch.zeros(self.n, dtype=torch.bool, device=dev)
         self._sparse_steps = 0
+        self._step = 0
         self.last_step_info: dict[str, Any] = {}
 
     @property
@@ -84,7 +96,17 @@ class TopKEF:
         """Bytes this rank handed to collectives in the last step, by kind, and ``total``."""
         return self.comm.stats()
 
+    def density_of_step(self, step: int) -> float:
+        """The scheduled density of step ``step`` (0-based): :func:`optim.scape.density_at`."""
+        return density_at(step, self.density, self.dense_steps, self.density_start,
+                          self.density_warmup_steps)
+
+    def kept(self, density: float) -> int:
+        """Coordinates of the top-k tensors one rank sends at ``density``."""
+        return sum(keep_count(density, k) for _, k, ex in self._slots if not ex)
+
     def expected_bytes(self) -> dict[str, int]:
+        """Analytic hand-in bytes of a step at the target density."""
         grad = 4 * (self.n_excluded + self.k + 1)
         mask = 4 * self.k if self.index_mask else -(-self.n // 8)
         return {"grad_values": grad, "param_values": 0, "mask": mask, "total": grad + mask}
@@ -109,14 +131,17 @@ class TopKEF:
         g = grads_to_flat(self._params, self._dense)
         finite = all_finite(g)
         a = self.residual + g
-        parts = [topk_indices(a[o:o + k].abs(), keep_count(self.density, k)).to(a.device) + o
+        density = self.density_of_step(self._step)
+        kk = self.kept(density)
+        index_mask = 4 * kk <= -(-self.n // 8)
+        parts = [topk_indices(a[o:o + k].abs(), keep_count(density, k)).to(a.device) + o
                  for o, k, ex in self._slots if not ex]
         sel = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=a.device)
         e = self.n_excluded
         vals = torch.cat([a.index_select(0, self._excluded_idx), a.index_select(0, sel),
                           torch.tensor([0.0 if finite else 1.0], device=a.device)])
         all_vals, _ = comm.all_gather(vals, "grad_values")
-        if self.index_mask:
+        if index_mask:
             all_idx, _ = comm.all_gather(sel.to(torch.int32), "mask")
         else:
             bits = torch.zeros(self.n, dtype=torch.bool, device=a.device)
@@ -131,11 +156,11 @@ class TopKEF:
         for j in range(world):
             if j == comm.rank:
                 idx_j = sel
-            elif self.index_mask:
+            elif index_mask:
                 idx_j = idx_rows[j].to(torch.int64)
             else:
                 idx_j = unpacked_indices(idx_rows[j], self.n).to(a.device)
-            dense.index_add_(0, idx_j, val_rows[j, e:e + self.k])
+            dense.index_add_(0, idx_j, val_rows[j, e:e + kk])
             self.ever.index_fill_(0, idx_j, True)
         if e:
             dense.index_add_(0, self._excluded_idx, val_rows[:, :e].sum(0))
@@ -152,12 +177,14 @@ class TopKEF:
         flat_to_grads(dense, self._params)
         self.optimizer.step()
         self._sparse_steps += 1
-        self.last_step_info = {"density": (self.k + e) / self.n, "grad_norm": norm}
+        self._step += 1
+        self.last_step_info = {"density": (kk + e) / self.n, "grad_norm": norm}
         comm.end_step()
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "residual": self.residual.clone(),
-                "ever": self.ever.clone(), "sparse_steps": self._sparse_steps}
+                "ever": self.ever.clone(), "sparse_steps": self._sparse_steps,
+                "step": self._step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check(isinstance(state, dict) and {"optimizer", "residual"} <= set(state),
@@ -166,3 +193,4 @@ class TopKEF:
         self.residual.copy_(state["residual"])
         self.ever.copy_(state["ever"])
         self._sparse_steps = int(state["sparse_steps"])
+        self._step = int(state.get("step", self._sparse_steps))

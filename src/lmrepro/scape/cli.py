@@ -64,9 +64,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_scaling(args: argparse.Namespace) -> int:
+    from lmrepro.errors import check
+    from lmrepro.pipeline.params import load_params
+    from lmrepro.scape.scaling import run_study
+
+    params = load_params(args.params, args.profile)
+    check(params.scape.scaling is not None, "scape.scaling", None,
+          f"must be set in the profile to run the study (profile {params.profile!r} has none; "
+          "try --profile scaling)")
+    dirs = run_study(params.scape, params.model, params.data.prepared_dir, args.out)
+    print(f"scaling study: {len(dirs)} runs finished under {args.out}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``train-scape`` to the ``lmrepro`` command."""
     p = subparsers.add_parser("train-scape", help="one torchrun worker of a SCAPE / baseline run",
                               description=__doc__.split("\n\n")[0])
     add_run_arguments(p)
     p.set_defaults(func=run)
+    p = subparsers.add_parser("scaling", help="run or resume the training-length study of "
+                              "scape.scaling (lmrepro.scape.scaling)")
+    p.add_argument("--params", default="params.yaml", help="parameter file")
+    p.add_argument("--profile", default=None, help="profile in params.yaml (e.g. scaling)")
+    p.add_argument("--out", default="results/scaling", help="the study's stage directory")
+    p.set_defaults(func=run_scaling)

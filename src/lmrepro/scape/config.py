@@ -43,12 +43,13 @@ class ScapeConfig(TrainingConfig):
                                   "authors'); false: AdamS's formula")
     exclude_1d_from_topk: bool = Field(default=True, description="SCAPE and top-k send 1-D "
                                        "tensors (norms, biases) whole every step")
-    dense_steps: int = Field(default=0, ge=0, description="SCAPE: dense steps before the "
-                             "density schedule starts")
-    density_start: float = Field(default=1.0, gt=0.0, le=1.0, description="SCAPE: density at "
-                                 "the start of the warm-up")
-    density_warmup_steps: int = Field(default=0, ge=0, description="SCAPE: steps of the linear "
-                                      "density warm-up from density_start to 1 - sparsity")
+    dense_steps: int = Field(default=0, ge=0, description="sparse methods (SCAPE, top-k): "
+                             "dense steps before the density schedule starts")
+    density_start: float = Field(default=1.0, gt=0.0, le=1.0, description="sparse methods: "
+                                 "density at the start of the warm-up")
+    density_warmup_steps: int = Field(default=0, ge=0, description="sparse methods: steps of "
+                                      "the linear density warm-up from density_start to "
+                                      "1 - sparsity")
 
 
 #: Settings a resumed run may change (they do not change the numbers).
@@ -71,6 +72,9 @@ class ScapeRun(Section):
         "stale_m (the ablation)")
     topk_inner: Literal["adams", "adamw"] = Field(default="adams", description="top-k's inner "
                                                   "optimizer (adams: the paper's foil)")
+    decay_scope: Literal["all", "mask"] = Field(
+        default="all", description="SCAPE's weight decay: all (the authors': every coordinate, "
+        "every step) or mask (an ablation: only the coordinates updated this step)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ScapeRun:
@@ -79,6 +83,10 @@ class ScapeRun(Section):
                               f"must be 0 for the dense optimizer {self.optimizer!r}")
         if self.optimizer != "scape" and self.mask_rule != "ef_momentum":
             raise field_error("mask_rule", self.mask_rule,
+                              f"applies to optimizer 'scape' only (this run is "
+                              f"{self.optimizer!r})")
+        if self.optimizer != "scape" and self.decay_scope != "all":
+            raise field_error("decay_scope", self.decay_scope,
                               f"applies to optimizer 'scape' only (this run is "
                               f"{self.optimizer!r})")
         if self.optimizer != "topk" and self.topk_inner != "adams":
@@ -148,6 +156,86 @@ class ScapeSweep(Section):
         return math.isclose(lr, self.lrs[0]) or math.isclose(lr, self.lrs[-1])
 
 
+class ScalingAblation(Section):
+    """One named variant of a run of the study, at the verdict point."""
+
+    key: ClassVar[str] = "scape.scaling.ablations[]"
+
+    name: str = Field(min_length=1, description="the ablation's run name")
+    run: str = Field(description="the study run it varies (by run name)")
+    weight_decay: float | None = Field(default=None, ge=0.0, description="weight decay instead "
+                                       "of the suite's")
+    decay_scope: Literal["all", "mask"] | None = Field(default=None, description="SCAPE's "
+                                                       "decay scope instead of 'all'")
+    density_warmup_fraction: float | None = Field(default=None, ge=0.0, lt=1.0,
+                                                  description="density warm-up, as a fraction "
+                                                  "of the run, instead of the study's")
+
+
+class ScalingStudy(Section):
+    """The ``scape.scaling`` section (see the module docstring)."""
+
+    key: ClassVar[str] = "scape.scaling"
+
+    sizes: dict[str, ModelConfig] = Field(min_length=1, description="model sizes by name")
+    lengths: dict[str, list[int]] = Field(description="training lengths (optimizer steps) per "
+                                          "size, increasing")
+    runs: dict[str, list[ScapeRun]] = Field(description="the methods per size (each at its lr)")
+    seeds: dict[str, list[int]] = Field(description="seeds of every point, per size")
+    verdict_size: str = Field(description="the size whose longest length takes the verdict")
+    verdict_seeds: list[int] = Field(min_length=1, description="seeds of the verdict point")
+    warmup_fraction: float = Field(default=0.05, ge=0.0, lt=1.0, description="lr warm-up as a "
+                                   "fraction of the run")
+    density_warmup_fraction: float = Field(default=0.10, ge=0.0, lt=1.0, description="the "
+                                           "sparse methods' density warm-up, a fraction of "
+                                           "the run")
+    sweep_factors: list[float] = Field(default_factory=list, description="lr sweep at the "
+                                       "verdict point: these multiples of each run's lr (empty: "
+                                       "no sweep)")
+    sweep_seed: int = Field(default=1000, ge=0, description="the sweep's seed (not a study seed)")
+    ablations: list[ScalingAblation] = Field(default_factory=list)
+    ablation_seeds: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScalingStudy:
+        for where in ("lengths", "runs", "seeds"):
+            keys = set(getattr(self, where))
+            if keys != set(self.sizes):
+                raise field_error(where, sorted(keys), f"must name exactly the sizes "
+                                  f"{sorted(self.sizes)}")
+        for size, lengths in self.lengths.items():
+            if not lengths or sorted(set(lengths)) != lengths or lengths[0] < 1:
+                raise field_error(f"lengths.{size}", lengths, "must be distinct step counts "
+                                  ">= 1, increasing")
+        if self.verdict_size not in self.sizes:
+            raise field_error("verdict_size", self.verdict_size,
+                              f"must be one of {sorted(self.sizes)}")
+        names = {r.run_name for r in self.runs[self.verdict_size]}
+        for i, ab in enumerate(self.ablations):
+            if ab.run not in names:
+                raise field_error(f"ablations[{i}].run", ab.run,
+                                  f"must be a run of the verdict size: {sorted(names)}")
+            if ab.name in names:
+                raise field_error(f"ablations[{i}].name", ab.name, "must differ from the runs'")
+        if self.ablations and not self.ablation_seeds:
+            raise field_error("ablation_seeds", self.ablation_seeds, "must list seeds when "
+                              "there are ablations")
+        if any(f <= 0 for f in self.sweep_factors) or \
+                sorted(set(self.sweep_factors)) != self.sweep_factors:
+            raise field_error("sweep_factors", self.sweep_factors,
+                              "must be distinct positive factors, increasing")
+        if self.sweep_factors and len(self.sweep_factors) < 3:
+            raise field_error("sweep_factors", self.sweep_factors, "must hold >= 3 values")
+        used = {x for seeds in self.seeds.values() for x in seeds} | set(self.verdict_seeds)
+        if self.sweep_seed in used:
+            raise field_error("sweep_seed", self.sweep_seed, "must not be a study seed")
+        return self
+
+    @property
+    def verdict_steps(self) -> int:
+        return self.lengths[self.verdict_size][-1]
+
+
 class ScapeSuite(ScapeConfig):
     """The ``scape:`` section: shared settings, where and how many workers, the runs and the
     optional learning-rate sweep."""
@@ -158,6 +246,8 @@ class ScapeSuite(ScapeConfig):
     runs: list[ScapeRun] = Field(min_length=1)
     sweep: ScapeSweep | None = Field(default=None, description="learning-rate sweep run before "
                                      "the suite (null: none; the runs' lrs are used)")
+    scaling: ScalingStudy | None = Field(default=None, description="the training-length study "
+                                         "(lmrepro.scape.scaling; null: none in this profile)")
 
     @model_validator(mode="after")
     def _unique_names(self) -> ScapeSuite:

@@ -48,7 +48,7 @@ def run_suite(suite: ScapeSuite, model: ModelConfig, seeds: Sequence[int],
     train, val = load_splits(prepared_dir, suite.corpus)   # every check before any move
     check_context(min(len(train), len(val)), model.context)
     runs = suite_runs(suite, model, prepared_dir, stage_dir)
-    section = {k: v for k, v in suite.to_dict().items() if k != "sweep"}
+    section = {k: v for k, v in suite.to_dict().items() if k not in ("sweep", "scaling")}
     section["runs"] = [r.to_dict() for r in runs]
     # seeds are not part of the identity: adding one keeps the other seeds' finished runs
     prepare_runs_dir(stage_dir / "runs", {"model": model.to_dict(), "scape": section,

@@ -107,10 +107,16 @@ def build_optimizer(cfg: ScapeConfig, run: ScapeRun, model: torch.nn.Module) -> 
                      density_warmup_steps=cfg.density_warmup_steps,
                      exclude_1d_from_topk=cfg.exclude_1d_from_topk,
                      bias_correction=cfg.bias_correction, max_grad_norm=cfg.max_grad_norm,
-                     mask_rule=run.mask_rule)
+                     mask_rule=run.mask_rule, decay_scope=run.decay_scope)
     inner = adams() if run.topk_inner == "adams" else adamw()
     return TopKEF(inner, density=run.density, exclude_1d_from_topk=cfg.exclude_1d_from_topk,
-                  max_grad_norm=cfg.max_grad_norm)
+                  max_grad_norm=cfg.max_grad_norm, dense_steps=cfg.dense_steps,
+                  density_start=cfg.density_start,
+                  density_warmup_steps=cfg.density_warmup_steps)
+
+
+#: SCAPE's per-step mask diagnostics (:meth:`lmrepro.optim.SCAPE._mask_diagnostics`)
+MASK_DIAGNOSTICS = ("mask_kept", "mask_new", "step_stay", "step_enter", "reentry_gap")
 
 
 def step_record(opt: Any) -> dict[str, Any]:
@@ -129,6 +135,9 @@ def step_record(opt: Any) -> dict[str, Any]:
         rec["grad_norm"] = float(info["grad_norm"])
         if "mask_wait_s" in info:
             rec["mask_wait_s"] = float(info["mask_wait_s"])
+        for key in MASK_DIAGNOSTICS:
+            if key in info:
+                rec[key] = info[key]
     elif getattr(opt, "last_grad_norm", None) is not None:
         rec["grad_norm"] = float(opt.last_grad_norm)
     return rec
@@ -305,6 +314,7 @@ def _finish(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarge
     records = [r for r in read_jsonl(out / METRICS) if "eval_bpb" not in r]
     trained = cfg.steps if diverged is None else diverged + 1     # steps computed
     bpb: float | None = None
+    test_bpb: float | None = None
     if diverged is None:
         val = load_split_data(target.corpus_dir, "val")
         model.eval()
@@ -317,6 +327,11 @@ def _finish(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarge
                                  cfg.eval_batches)
         bpb = bits_per_byte(losses)
         write_eval_losses(out, losses, cfg.eval_batch_size, mcfg.context)
+        # the held-out test split: what a verdict tuned on the validation split is judged on
+        test_losses = evaluate_losses(logits_fn, load_split_data(target.corpus_dir, "test"),
+                                      mcfg.context, cfg.eval_batch_size, cfg.eval_batches)
+        test_bpb = bits_per_byte(test_losses)
+        write_eval_losses(out, test_losses, cfg.eval_batch_size, mcfg.context, split="test")
         atomic_torch_save({"step": cfg.steps, "model": model.state_dict()}, out / FINAL_MODEL)
         append_jsonl(out / METRICS, {"step": cfg.steps, "eval_bpb": bpb})
     times = [r["step_time_s"] for r in records]
@@ -338,6 +353,8 @@ def _finish(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarge
                  "device": str(ctx.device), "backend": ctx.backend,
                  "batch_size_per_worker": cfg.batch_size, "lr": run.lr_or(cfg.lr),
                  "mask_rule": run.mask_rule if run.optimizer == "scape" else None,
+                 "decay_scope": run.decay_scope if run.optimizer == "scape" else None,
+                 "final_test_bpb": test_bpb,
                  "topk_inner": run.topk_inner if run.optimizer == "topk" else None,
                  "final_coverage": sparse[-1]["coverage"] if sparse else None,
                  "final_coverage_at_target": (sparse[-1].get("coverage_at_target")

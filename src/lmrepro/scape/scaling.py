@@ -1,0 +1,180 @@
+"""The training-length study of SCAPE (``scape.scaling`` in ``params.yaml``; the ``scaling``
+profile): does SCAPE's gap to dense AdamS/AdamW close or grow where the models learn?
+
+The papers' quality claims are about 100 000-iteration runs of 345M-500M-parameter models; a
+verdict at a few hundred steps of a sub-million-parameter model is taken before the models beat
+an n-gram table. The study trains every method of ``runs`` (the suite's harness: same data,
+seeds, clipping, weight-decay groups, schedules) at several training lengths and model sizes:
+
+* every length of every size with the study's ``seeds``; the verdict point (``verdict_size`` at
+  its longest length) with ``verdict_seeds`` (>= 5: the seed is the unit of the test);
+* the lr warm-up and the sparse methods' density warm-up scale with the run, as fractions of it
+  (the SCAPE authors' scripts: 2-5 % and 8-10 % of the run), so every length sees the same shape;
+* before anything else, a learning-rate sweep at the verdict point (``sweep_factors`` times each
+  run's own lr, one seed the study does not use, scored on the validation split); its winners
+  are every length's lr at the verdict size (the verdict is then judged on the test split). Other
+  sizes keep their runs' lrs (say where they came from in the profile);
+* named ablations at the verdict point (``ablations``: weight decay off or only on the
+  coordinates updated, a longer density warm-up, ...) with ``ablation_seeds``; each varies one
+  run of ``runs``, never the default.
+
+Run directories: ``<stage>/sweep/<size>/L<steps>/<run>@lr<lr>/``,
+``<stage>/runs/<size>/L<steps>/seed<N>/<run>/`` and
+``<stage>/ablations/<ablation>/<size>/L<steps>/seed<N>/<ablation>/``; each point directory stores its
+identity (:func:`lmrepro.results.prepare_runs_dir`), so a changed setting never reuses a run and
+an interrupted study resumes where it stopped. The analysis is :mod:`lmrepro.scape.scaling_report`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from lmrepro.data.stage import data_identity
+from lmrepro.io import atomic_write_json
+from lmrepro.model import ModelConfig
+from lmrepro.results import (SUMMARY, holds_writer_lock, prepare_runs_dir, read_summary,
+                             seed_dir)
+from lmrepro.scape.config import (ScalingAblation, ScalingStudy, ScapeConfig, ScapeRun,
+                                  ScapeSuite)
+from lmrepro.scape.launch import run_scape_suite
+from lmrepro.scape.sweep import select_best
+
+log = logging.getLogger(__name__)
+
+PLAN = "plan.json"
+
+
+def scaled_settings(base: ScapeConfig, steps: int, warmup_fraction: float,
+                    density_warmup_fraction: float) -> ScapeConfig:
+    """``base`` at ``steps`` optimizer steps with its warm-ups as fractions of the run; no
+    checkpoints more often than a tenth of the run (the study resumes per run)."""
+    return base.replace(steps=steps, warmup_steps=round(warmup_fraction * steps),
+                        density_warmup_steps=round(density_warmup_fraction * steps),
+                        checkpoint_every=max(base.checkpoint_every, steps // 4))
+
+
+def ablation_settings(settings: ScapeConfig, ab: ScalingAblation) -> ScapeConfig:
+    """The settings of one ablation run (the study's, with what the ablation changes)."""
+    changes: dict[str, Any] = {}
+    if ab.weight_decay is not None:
+        changes["weight_decay"] = ab.weight_decay
+    if ab.density_warmup_fraction is not None:
+        changes["density_warmup_steps"] = round(ab.density_warmup_fraction * settings.steps)
+    return settings.replace(**changes)
+
+
+def ablation_run(runs: list[ScapeRun], ab: ScalingAblation) -> ScapeRun:
+    base = next(r for r in runs if r.run_name == ab.run)
+    return base.replace(name=ab.name, **({"decay_scope": ab.decay_scope}
+                                         if ab.decay_scope is not None else {}))
+
+
+def _finished(d: Path) -> dict[str, Any]:
+    s = read_summary(d)
+    return {"final_bpb": s.final_bpb, "diverged_at_step": s.diverged_at_step}
+
+
+class Study:
+    """Runs the study under ``stage_dir`` (see the module docstring)."""
+
+    def __init__(self, study: ScalingStudy, base: ScapeConfig, corpus: str, world_size: int,
+                 prepared_dir: str | Path, stage_dir: str | Path) -> None:
+        self.study, self.base, self.corpus, self.world = study, base, corpus, world_size
+        self.corpus_dir = Path(prepared_dir) / corpus
+        self.data = data_identity(prepared_dir, corpus)
+        self.stage = Path(stage_dir)
+
+    def settings(self, steps: int) -> ScapeConfig:
+        s = self.study
+        return scaled_settings(self.base, steps, s.warmup_fraction, s.density_warmup_fraction)
+
+    def _point(self, kind: str, size: str, steps: int, runs: list[ScapeRun],
+               settings: ScapeConfig, seeds: list[int], extra: dict[str, Any] | None = None
+               ) -> dict[str, Path]:
+        model = self.study.sizes[size]
+        root = prepare_runs_dir(self.stage / kind / size / f"L{steps}", {
+            "model": model.to_dict(), "settings": settings.to_dict(),
+            "runs": [r.to_dict() for r in runs], "world_size": self.world,
+            "corpus": self.corpus, "data": self.data, **(extra or {})})
+        out: dict[str, Path] = {}
+        for seed in seeds:
+            dirs = run_scape_suite(self.corpus_dir, root / seed_dir(seed), settings, runs, model,
+                                   self.world, seed=seed, corpus=self.corpus)
+            out.update({f"{size}/L{steps}/{seed_dir(seed)}/{d.name}": d for d in dirs})
+        return out
+
+    def sweep(self) -> dict[str, float]:
+        """The verdict point's lr sweep (one seed, validation split); the winners by run."""
+        s = self.study
+        runs = s.runs[s.verdict_size]
+        if not s.sweep_factors:
+            return {}
+        steps = s.verdict_steps
+        grid = [r.replace(name=f"{r.run_name}@lr{r.lr_or(self.base.lr) * f:.3g}",
+                          lr=float(f"{r.lr_or(self.base.lr) * f:.3g}"))
+                for r in runs for f in s.sweep_factors]
+        dirs = self._point("sweep", s.verdict_size, steps, grid, self.settings(steps),
+                           [s.sweep_seed])
+        where = f"{s.verdict_size}/L{steps}/{seed_dir(s.sweep_seed)}"
+        rows = [{"run": at.run_name.split("@")[0], "lr": at.lr,
+                 **_finished(dirs[f"{where}/{at.run_name}"])} for at in grid]
+        best = select_best(rows)
+        atomic_write_json(self.stage / "sweep" / "sweep.json", {
+            "size": s.verdict_size, "steps": steps, "seed": s.sweep_seed,
+            "factors": s.sweep_factors, "rows": rows, "best": best,
+            "on_edge": sorted(r for r, lr in best.items()
+                              if _on_edge(lr, [x["lr"] for x in rows if x["run"] == r]))})
+        return best
+
+    def runs_of(self, size: str, best: dict[str, float]) -> list[ScapeRun]:
+        runs = self.study.runs[size]
+        if size != self.study.verdict_size:
+            return list(runs)
+        return [r.replace(lr=best[r.run_name]) if r.run_name in best else r for r in runs]
+
+    def run(self) -> dict[str, Path]:
+        """The sweep, the verdict point, the other points, then the ablations (the order in
+        which their results matter, so an interrupted study has the verdict first)."""
+        s = self.study
+        best = self.sweep()
+        out: dict[str, Path] = {}
+        vsize, vsteps = s.verdict_size, s.verdict_steps
+        seeds_v = sorted(set(s.seeds[vsize]) | set(s.verdict_seeds))
+        out.update(self._point("runs", vsize, vsteps, self.runs_of(vsize, best),
+                               self.settings(vsteps), seeds_v))
+        for size, lengths in s.lengths.items():
+            for steps in lengths:
+                if (size, steps) != (vsize, vsteps):
+                    out.update(self._point("runs", size, steps, self.runs_of(size, best),
+                                           self.settings(steps), s.seeds[size]))
+        runs_v = self.runs_of(vsize, best)
+        for ab in s.ablations:
+            settings = ablation_settings(self.settings(vsteps), ab)
+            out.update({f"ablation/{k}": v for k, v in self._point(
+                f"ablations/{ab.name}", vsize, vsteps, [ablation_run(runs_v, ab)], settings,
+                s.ablation_seeds, {"ablation": ab.to_dict()}).items()})
+        atomic_write_json(self.stage / PLAN, {"runs": {k: str(v) for k, v in out.items()},
+                                              "lrs": best})
+        return out
+
+
+def _on_edge(lr: float, lrs: list[float]) -> bool:
+    return math.isclose(lr, min(lrs)) or math.isclose(lr, max(lrs))
+
+
+def finished(d: Path) -> bool:
+    return (d / SUMMARY).exists()
+
+
+@holds_writer_lock("stage_dir")
+def run_study(suite: ScapeSuite, model: ModelConfig, prepared_dir: str | Path,
+              stage_dir: str | Path = "results/scaling") -> dict[str, Path]:
+    """Run or resume ``suite.scaling`` (the suite's shared settings, corpus and world size);
+    returns every finished run directory by label. ``model`` is unused (each size is its own)."""
+    assert suite.scaling is not None
+    Path(stage_dir).mkdir(parents=True, exist_ok=True)
+    return Study(suite.scaling, suite.settings, suite.corpus, suite.world_size, prepared_dir,
+                 stage_dir).run()
