@@ -19,14 +19,21 @@ references and reasons):
   every ``d_i`` identical: the acceleration is 0/0), then the percentile interval of the *same*
   bootstrap distribution is used, and ``method`` says ``"percentile"`` and ``fallback_reason``
   why. This bound sees evaluation-batch noise only.
-* **Seed-level bound** (with ``groups`` naming two or more seeds). A two-stage (hierarchical)
-  bootstrap: each resample draws the seeds with replacement, then, within each drawn seed, that
-  seed's pairs with replacement; the statistic is the mean ``d`` of the resampled pairs, and the
-  bound is the ``confidence`` quantile of its distribution (percentile method). It sees
-  run-to-run variance as well (:func:`hierarchical_bootstrap`).
-* **Verdict.** Non-inferior iff ``U < margin`` (margin 0.01 = 1 % by default), where ``U`` is the
-  seed-level bound when there are at least ``min_groups`` (3) seeds, else the batch-level bound;
-  ``level`` says which, and both bounds are reported.
+* **Crossed batches.** Every seed is scored on the same evaluation batches (seeds and batches are
+  crossed, not nested), so the batch-level bootstrap resamples batch indices jointly for all seeds:
+  it bootstraps the per-batch mean of ``d`` over the seeds (the statistic is linear, so this is
+  the same mean). It is a secondary figure: it sees evaluation-batch noise only.
+* **Seed-level bound** (the verdict's, with ``groups`` naming at least ``min_groups`` seeds; the
+  seed is the experimental unit). Per seed the mean of its ``d``; across the ``G`` seed means a
+  one-sided Student t interval, ``mean +- t_{confidence, G-1} * sd / sqrt(G)``, gives the upper
+  bound ``U`` and the lower bound ``L``; an exact sign-flip permutation test on the seed means
+  gives ``p_value`` for non-inferiority (H0: mean >= margin; the ``2^G`` sign patterns of
+  ``seed mean - margin``) and ``p_value_worse`` (H0: mean <= 0). With ``G`` seeds the smallest
+  p-value is ``2^-G``, so ``G >= 5`` is needed to reach 0.05. A percentile bootstrap over 3 seeds
+  has 10 distinct resamples and cannot reach past the worst seed: too narrow, not used.
+* **Verdict.** Non-inferior iff ``U < margin`` (margin 0.01 = 1 % by default); worse iff
+  ``L > 0``. ``U`` and ``L`` are the seed-level bounds when there are at least ``min_groups``
+  seeds, else the batch-level ones; ``level`` says which, and both levels are reported.
 """
 
 from __future__ import annotations
@@ -45,9 +52,9 @@ from lmrepro.config import Section
 from lmrepro.errors import ParameterError, check
 
 METHODS = ("BCa", "percentile")
-#: how the seed-level bound is computed (reported beside the batch-level ``method``)
-SEED_METHOD = "hierarchical percentile (seeds, then batches within seeds)"
-#: the fewest seeds whose seed-level bound decides the verdict (DESIGN.md: "at least 3 seeds")
+#: how the seed-level bounds are computed (reported beside the batch-level ``method``)
+SEED_METHOD = "one-sided Student t on the per-seed means (df = seeds - 1)"
+#: the fewest seeds whose seed-level bound decides the verdict
 MIN_GROUPS = 3
 LEVELS = ("batch", "seed")
 
@@ -104,13 +111,24 @@ class NonInferiorityResult:
     n_groups: int = 1
     group_means: tuple[float, ...] = ()
     min_groups: int = MIN_GROUPS
-    batch_distribution: np.ndarray | None = field(default=None, repr=False, compare=False)
-    seed_distribution: np.ndarray | None = field(default=None, repr=False, compare=False)
+    lower_bound: float = float("nan")
+    batch_lower_bound: float = float("nan")
+    seed_lower_bound: float | None = None
+    p_value: float | None = None          # sign-flip, H0: mean >= margin (seed level)
+    p_value_worse: float | None = None    # sign-flip, H0: mean <= 0 (seed level)
+
+    @property
+    def worse(self) -> bool:
+        """The candidate is worse than the baseline: the lower bound is above 0."""
+        return bool(self.lower_bound > 0.0)
 
     @property
     def verdict(self) -> str:
-        """``"non-inferior"`` or ``"not non-inferior"`` (human-readable)."""
-        return "non-inferior" if self.non_inferior else "not non-inferior"
+        """``"non-inferior"``, ``"worse"`` (lower bound above 0 and not non-inferior),
+        ``"non-inferior (but worse)"`` or ``"not non-inferior"`` (neither shown)."""
+        if self.non_inferior:
+            return "non-inferior (but worse)" if self.worse else "non-inferior"
+        return "worse" if self.worse else "not non-inferior"
 
 
 def relative_differences(baseline: Sequence[float] | np.ndarray,
@@ -162,68 +180,68 @@ def noninferiority(baseline: Sequence[float] | np.ndarray,
           and min_groups >= 2, "min_groups", min_groups, "must be an integer >= 2")
     codes = _group_codes(groups, d.size)
     mean_d = float(np.mean(d))
-
-    res, used, reason = _bootstrap_upper(d, confidence, n_resamples, seed, method)
-    batch_upper = float(res.confidence_interval.high)
-    batch_dist = np.asarray(res.bootstrap_distribution, dtype=float)
     n_groups = int(codes.max()) + 1
     group_means = tuple(float(d[codes == g].mean()) for g in range(n_groups))
-    seed_upper, seed_dist = None, None
+
+    res, used, reason = _bootstrap_upper(crossed_batch_means(d, codes), confidence,
+                                         n_resamples, seed, method)
+    batch_upper = float(res.confidence_interval.high)
+    batch_dist = np.asarray(res.bootstrap_distribution, dtype=float)
+    batch_lower = float(np.quantile(batch_dist, 1.0 - confidence))
+    seed_lo = seed_hi = p_ni = p_worse = None
     if n_groups >= 2:
-        # its own generator, so the batch-level numbers do not depend on whether groups are given
-        seed_dist = hierarchical_bootstrap(d, codes, n_resamples,
-                                           np.random.default_rng([seed, 1]))
-        seed_upper = float(np.quantile(seed_dist, confidence))
-    level = "seed" if seed_upper is not None and n_groups >= min_groups else "batch"
-    upper = seed_upper if level == "seed" and seed_upper is not None else batch_upper
+        seed_lo, seed_hi = t_bounds(group_means, confidence)
+        p_ni = sign_flip_p(np.asarray(group_means) - margin, "less")
+        p_worse = sign_flip_p(np.asarray(group_means), "greater")
+    level = "seed" if seed_hi is not None and n_groups >= min_groups else "batch"
+    upper = seed_hi if level == "seed" and seed_hi is not None else batch_upper
+    lower = seed_lo if level == "seed" and seed_lo is not None else batch_lower
     return NonInferiorityResult(
         mean_rel_diff=mean_d, upper_bound=upper, margin=float(margin),
         non_inferior=bool(upper < margin), n_pairs=int(d.size), method=used,
         confidence=float(confidence), n_resamples=int(n_resamples), seed=int(seed),
-        bootstrap_distribution=seed_dist if seed_dist is not None and level == "seed"
-        else batch_dist,
-        standard_error=float(res.standard_error), fallback_reason=reason, level=level,
-        batch_upper_bound=batch_upper, seed_upper_bound=seed_upper, n_groups=n_groups,
-        group_means=group_means, min_groups=int(min_groups), batch_distribution=batch_dist,
-        seed_distribution=seed_dist,
+        bootstrap_distribution=batch_dist, standard_error=float(res.standard_error),
+        fallback_reason=reason, level=level, batch_upper_bound=batch_upper,
+        seed_upper_bound=seed_hi, n_groups=n_groups, group_means=group_means,
+        min_groups=int(min_groups), lower_bound=lower, batch_lower_bound=batch_lower,
+        seed_lower_bound=seed_lo, p_value=p_ni, p_value_worse=p_worse,
     )
 
 
-def hierarchical_bootstrap(d: np.ndarray, groups: np.ndarray, n_resamples: int,
-                           rng: np.random.Generator) -> np.ndarray:
-    """The two-stage bootstrap distribution of the mean of ``d`` (Davison & Hinkley 1997, 3.8;
-    Ren et al. 2010; Saravanan et al. 2020).
+def t_bounds(means: Sequence[float], confidence: float) -> tuple[float, float]:
+    """One-sided ``confidence`` lower and upper Student t bounds of the mean of ``means`` (the
+    per-seed means; df = ``len(means) - 1``). Identical means give the mean itself."""
+    x = np.asarray(means, dtype=float)
+    check(x.size >= 2, "means", f"<{x.size} values>", "needs at least 2 seeds")
+    half = float(sps.t.ppf(confidence, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return float(x.mean()) - half, float(x.mean()) + half
 
-    ``groups`` holds the group (seed) code ``0..G-1`` of each value. Each resample ``r``:
 
-    1. draws ``G`` group codes uniformly with replacement (``rng.integers(0, G, (R, G))``, for
-       all resamples at once);
-    2. within each drawn group ``g`` (``n_g`` values), draws ``n_g`` value indices uniformly with
-       replacement (``floor(u * n_g)`` for ``u = rng.random((r, G, max n_g))``, resamples in
-       consecutive blocks, unused slots of smaller groups masked);
-    3. returns the mean of all drawn values: ``sum / sum of the drawn groups' n_g`` (the mean of
-       the drawn groups' means when the groups have equal sizes, as paired seeds do).
-    """
-    groups = np.asarray(groups, dtype=np.int64)
-    n_groups = int(groups.max()) + 1
-    sizes = np.bincount(groups, minlength=n_groups)
-    n_max = int(sizes.max())
-    padded = np.zeros((n_groups, n_max))
-    for code in range(n_groups):
-        padded[code, :sizes[code]] = d[groups == code]
-    drawn = rng.integers(0, n_groups, (n_resamples, n_groups))
-    block = max(1, (_BATCH_ELEMENTS >> 2) // (n_groups * n_max))  # ~4M values per block
-    out = np.empty(n_resamples)
-    slots = np.arange(n_max)
-    for lo in range(0, n_resamples, block):
-        chosen = drawn[lo:lo + block]                              # (r, G) group codes
-        n = sizes[chosen]                                          # (r, G) their sizes
-        u = rng.random((chosen.shape[0], n_groups, n_max))
-        idx = np.floor(u * n[..., None]).astype(np.int64)
-        used = slots[None, None, :] < n[..., None]
-        values = padded[chosen[..., None], np.where(used, idx, 0)]
-        out[lo:lo + block] = (values * used).sum(axis=(1, 2)) / n.sum(axis=1)
-    return out
+def sign_flip_p(x: Sequence[float] | np.ndarray, alternative: str) -> float:
+    """Exact sign-flip permutation p-value of the mean of ``x`` (symmetric about 0 under H0):
+    over all ``2^n`` sign patterns, the fraction whose mean is at most (``"less"``) or at least
+    (``"greater"``) the observed one (Fisher 1935; Good 2005, ch. 3). The smallest is ``2^-n``."""
+    x = np.asarray(x, dtype=float)
+    check(1 <= x.size <= 20, "x", f"<{x.size} values>", "must hold 1..20 values (2^n patterns)")
+    check(alternative in ("less", "greater"), "alternative", alternative,
+          "must be 'less' or 'greater'")
+    signs = 1 - 2 * ((np.arange(2 ** x.size)[:, None] >> np.arange(x.size)) & 1)
+    means = (signs * np.abs(x)).mean(axis=1)
+    obs, tol = float(x.mean()), 1e-12 * max(1.0, float(np.abs(x).max()))
+    hits = means <= obs + tol if alternative == "less" else means >= obs - tol
+    return float(hits.mean())
+
+
+def crossed_batch_means(d: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Per evaluation batch, the mean of ``d`` over the seeds, when every seed has the same
+    batches in the same order (crossed: the pairs of each seed are consecutive in batch order);
+    else ``d`` itself (one seed, or unequal seeds). Bootstrapping these resamples batches jointly
+    across seeds."""
+    n_groups = int(codes.max()) + 1
+    sizes = np.bincount(codes, minlength=n_groups)
+    if n_groups == 1 or len(set(sizes.tolist())) != 1:
+        return d
+    return np.stack([d[codes == g] for g in range(n_groups)]).mean(axis=0)
 
 
 def _group_codes(groups: Sequence[Any] | np.ndarray | None, n: int) -> np.ndarray:
