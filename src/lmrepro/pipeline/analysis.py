@@ -27,6 +27,7 @@ Units. Eval losses are in nats; bits per byte is ``loss / ln 2``, so the relativ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -34,12 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 from lmrepro.errors import ParameterError, check
 from lmrepro.io import atomic_write_json, atomic_write_text, read_json, read_jsonl
-from lmrepro.results import (BYTE_KINDS, EVAL_LOSSES, METRICS, SUMMARY, Method, RunSummary,
+from lmrepro.results import (BYTE_KINDS, EVAL_LOSSES, EVAL_LOSSES_TEST, METRICS, SUMMARY, Method, RunSummary,
                              collect_runs, read_summary)
 from lmrepro.pipeline.provenance import usable_cores as available_cores
 from lmrepro.stats import NonInferiorityResult, StatsConfig, noninferiority
@@ -112,6 +114,7 @@ class Run:
     eval_losses: tuple[float, ...]
     eval_meta: dict[str, Any]
     metrics: tuple[dict[str, Any], ...] = field(repr=False)
+    test_losses: tuple[float, ...] = ()     # the test split's, where the trainer scored it
 
     @property
     def world_size(self) -> int | None:
@@ -154,10 +157,12 @@ def load_run(name: str, source: RunSource) -> Run:
     # a diverged run may have written no evaluation (RunSummary.diverged_at_step)
     meta = (read_json(path / EVAL_LOSSES) if (path / EVAL_LOSSES).exists()
             or summary.diverged_at_step is None else {"losses": []})
+    test = (tuple(float(x) for x in read_json(path / EVAL_LOSSES_TEST)["losses"])
+            if (path / EVAL_LOSSES_TEST).exists() else ())
     return Run(name=name, path=path, summary=summary,
                role=run_role(summary.method, summary.executor, f"{path / SUMMARY}: "),
                eval_losses=tuple(float(x) for x in meta.pop("losses")), eval_meta=meta,
-               metrics=tuple(read_jsonl(path / METRICS)))
+               metrics=tuple(read_jsonl(path / METRICS)), test_losses=test)
 
 
 def load_runs(runs: Runs) -> dict[str, Run]:
@@ -307,6 +312,8 @@ class RunRecord(_Record):
     steps: int
     final_bpb: float | None
     diverged_at_step: int | None = None
+    final_test_bpb: float | None = None
+    loss_spikes: int = 0
     tokens_per_s: float
     mean_step_time_s: float
     step_time_std_s: float | None
@@ -354,6 +361,14 @@ class ComparisonRecord(_Record):
     bootstrap_method: str
     note: str
     caveats: list[str]
+    split: Literal["val", "test"] = "val"
+    lower_bound: float | None = None
+    seed_lower_bound: float | None = None
+    p_value: float | None = None
+    worse: bool = False
+    baseline_bpb: float | None = None        # the baseline runs' mean final bpb on ``split``
+    floor_bpb: float | None = None           # the corpus's trigram floor on ``split``
+    testable: bool = True                    # baseline_bpb <= (1 - 10 %) floor_bpb
 
 
 class ResourceRecord(_Record):
@@ -417,6 +432,7 @@ class AnalysisRecords(_Record):
     runs: list[RunRecord]
     comparisons: list[ComparisonRecord]
     resources: list[ResourceRecord]
+    floors: dict[str, dict[str, Any]] = {}   # per corpus: lmrepro.data.ngram.corpus_floor
 
     def run(self, name: str) -> RunRecord:
         """The run record called ``name``."""
@@ -552,9 +568,21 @@ def default_comparisons(runs: Runs) -> list[Comparison]:
             for p in _pairings(runs)]
 
 
+def comparison_split(loaded: dict[str, Run], comp: Comparison) -> str:
+    """``test`` when every finished run of the comparison scored the test split (the verdict's
+    split: learning rates are tuned on the validation split), else ``val``."""
+    names = [*comp.baseline, *comp.candidate]
+    scored = [loaded[n] for n in names if loaded[n].eval_losses]
+    return "test" if scored and all(r.test_losses for r in scored) else "val"
+
+
 def _pooled_losses(loaded: dict[str, Run], comp: Comparison
                    ) -> tuple[list[float], list[float], list[int]]:
-    """The paired per-batch losses of a comparison and the seed of each pair."""
+    """The paired per-batch losses of a comparison on :func:`comparison_split`, and the seed
+    of each pair."""
+    if comparison_split(loaded, comp) == "test":
+        loaded = {n: dataclasses.replace(r, eval_losses=r.test_losses)
+                  for n, r in loaded.items()}
     check(len(comp.baseline) == len(comp.candidate) and comp.baseline, "comparison",
           comp, "must pair as many baseline runs as candidate runs (at least one)")
     base_all: list[float] = []
@@ -597,7 +625,9 @@ def seed_caveats(n_seeds: int, min_seeds: int) -> list[str]:
 
 
 def run_comparisons(runs: Runs, comparisons: Sequence[ComparisonSpec] | None = None, *,
-                    stats: StatsConfig = DEFAULT_STATS) -> list[ComparisonOutcome]:
+                    stats: StatsConfig = DEFAULT_STATS,
+                    floors: Mapping[str, Mapping[str, Any]] | None = None
+                    ) -> list[ComparisonOutcome]:
     """Run :func:`lmrepro.stats.noninferiority` with ``stats`` for each comparison (default:
     :func:`default_comparisons`) on the pooled per-batch eval losses, paired by (seed, batch)."""
     loaded = load_runs(runs)
@@ -634,8 +664,34 @@ def run_comparisons(runs: Runs, comparisons: Sequence[ComparisonSpec] | None = N
             non_inferior=bool(r and r.non_inferior),
             verdict=r.verdict if r else "not non-inferior (diverged)",
             bootstrap_method=r.method if r else "", note=note,
-            caveats=seed_caveats(len(seeds), stats.min_seeds)), r))
+            caveats=seed_caveats(len(seeds), stats.min_seeds),
+            **_bounds(r), **testability(loaded, comp, floors)), r))
     return outcomes
+
+
+def _bounds(r: Any) -> dict[str, Any]:
+    if r is None:
+        return {}
+    return {"lower_bound": r.lower_bound, "seed_lower_bound": r.seed_lower_bound,
+            "p_value": r.p_value, "worse": r.worse}
+
+
+def testability(loaded: dict[str, Run], comp: Comparison,
+                floors: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The comparison's split, its baseline's mean final bits per byte there, the corpus's
+    trigram floor on it and whether the baseline is far enough below it for a quality verdict
+    (:func:`lmrepro.data.ngram.testable`); testable when no floor is known."""
+    from lmrepro.data.ngram import testable
+
+    split = comparison_split(loaded, comp)
+    base = [loaded[n] for n in comp.baseline]
+    values = [(b.summary.final_bpb if split == "val"
+               else float(np.mean(b.test_losses)) / math.log(2))
+              for b in base if b.summary.final_bpb is not None]
+    bpb = float(np.mean(values)) if values else None
+    floor = (floors or {}).get(base[0].summary.corpus, {}).get("trigram", {}).get(split)
+    ok = True if floor is None or bpb is None else testable(bpb, float(floor))
+    return {"split": split, "baseline_bpb": bpb, "floor_bpb": floor, "testable": ok}
 
 
 # --------------------------------------------------------------------------------------------
@@ -776,14 +832,18 @@ def outcomes_table(outcomes: Sequence[ComparisonOutcome]) -> pd.DataFrame:
         "candidate_method": c.candidate_method, "seeds": c.n_seeds,
         "mean_rel_diff": num(c.mean_rel_diff), "batch_upper_bound": num(c.batch_upper_bound),
         "seed_upper_bound": num(c.seed_upper_bound), "upper_bound": num(c.upper_bound),
+        "lower_bound": num(c.lower_bound), "p_value": num(c.p_value), "split": c.split,
         "level": c.level, "margin": c.margin, "verdict": c.verdict,
-        "non_inferior": c.non_inferior, "pairs": c.n_pairs, "method": c.bootstrap_method,
+        "non_inferior": c.non_inferior, "testable": c.testable,
+        "baseline_bpb": num(c.baseline_bpb), "trigram_floor_bpb": num(c.floor_bpb),
+        "pairs": c.n_pairs, "method": c.bootstrap_method,
         "confidence": num(c.confidence), "note": c.note, "caveats": "; ".join(c.caveats)}
         for c in (o.record for o in outcomes)]
     columns = ["comparison", "corpus", "baseline", "candidate", "baseline_method",
-               "candidate_method", "seeds", "mean_rel_diff", "batch_upper_bound",
-               "seed_upper_bound", "upper_bound", "level", "margin", "verdict", "non_inferior",
-               "pairs", "method", "confidence", "note", "caveats"]
+               "candidate_method", "seeds", "split", "mean_rel_diff", "lower_bound",
+               "batch_upper_bound", "seed_upper_bound", "upper_bound", "p_value", "level",
+               "margin", "verdict", "non_inferior", "testable", "baseline_bpb",
+               "trigram_floor_bpb", "pairs", "method", "confidence", "note", "caveats"]
     df = pd.DataFrame(rows, columns=columns)
     df.attrs["note"] = UNITS_NOTE
     return df
@@ -820,26 +880,55 @@ def noninferiority_table(runs: Runs, comparisons: Sequence[ComparisonSpec] | Non
     return outcomes_table(run_comparisons(runs, comparisons, stats=stats))
 
 
+def loss_spikes(metrics: Sequence[Mapping[str, Any]], window: int = 50,
+                factor: float = 1.5) -> int:
+    """Training-loss spikes of a run: logged steps whose loss exceeds ``factor`` times the
+    median of the ``window`` logged losses before it (after the first ``window``); a
+    non-finite loss counts too. The instability the SCAPE paper attributes to top-k."""
+    losses = [float(r["loss"]) for r in metrics if "loss" in r]
+    spikes = 0
+    for i in range(window, len(losses)):
+        ref = float(np.median(losses[i - window:i]))
+        if not math.isfinite(losses[i]) or losses[i] > factor * ref:
+            spikes += 1
+    return spikes
+
+
 def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAULT_STATS,
                      outcomes: Sequence[ComparisonOutcome] | None = None,
-                     cores: int | None = None) -> AnalysisRecords:
+                     cores: int | None = None,
+                     floors: Mapping[str, Mapping[str, Any]] | None = None) -> AnalysisRecords:
     """The records of ``runs``, of ``outcomes`` (default: :func:`run_comparisons` with
     ``stats``; pass the outcomes computed with the same ``stats`` to avoid a second bootstrap)
     and of :func:`resource_comparisons` (``cores``: the machine's, for the oversubscription
     caveat)."""
     loaded = load_runs(runs)
     if outcomes is None:
-        outcomes = run_comparisons(loaded, stats=stats)
+        outcomes = run_comparisons(loaded, stats=stats, floors=floors)
     keys = set(RunRecord.model_fields) & set(RunSummary.model_fields)
     return AnalysisRecords(
-        stage=stage, stats=stats, cores=cores,
+        stage=stage, stats=stats, cores=cores, floors=dict(floors or {}),
         seeds=sorted({r.summary.seed for r in loaded.values()}),
         comparisons=[o.record for o in outcomes],
         resources=resource_comparisons(loaded, cores),
         runs=[RunRecord(name=r.name, role=r.role, scale=run_scale(r),
                         configuration=config_label(r),
+                        final_test_bpb=r.summary.details.get("final_test_bpb"),
+                        loss_spikes=loss_spikes(r.metrics),
                         **r.summary.model_dump(include=keys - {"name"}))
               for r in loaded.values()])
+
+
+def corpus_floors(prepared_dir: str | Path | None, corpora: set[str]
+                  ) -> dict[str, dict[str, Any]]:
+    """The n-gram floors (:func:`lmrepro.data.ngram.corpus_floor`) of the prepared corpora
+    found under ``prepared_dir`` (none when it is None)."""
+    from lmrepro.data.ngram import corpus_floor
+
+    if prepared_dir is None:
+        return {}
+    return {c: corpus_floor(Path(prepared_dir) / c) for c in sorted(corpora)
+            if (Path(prepared_dir) / c / "manifest.json").exists()}
 
 
 def read_analysis(path: str | Path) -> AnalysisRecords:
@@ -858,7 +947,8 @@ def read_analysis(path: str | Path) -> AnalysisRecords:
 
 def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "results",
                    out_root: str | Path = "results/analysis",
-                   seeds: Sequence[int] | None = None) -> dict[str, Any]:
+                   seeds: Sequence[int] | None = None,
+                   prepared_dir: str | Path | None = "data/prepared") -> dict[str, Any]:
     """Throughput, memory, communication, timing and non-inferiority tables of one stage.
 
     Reads the finished runs under ``results_root/<stage>/runs`` (only those trained with one of
@@ -880,9 +970,10 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
                                 + (f" with seeds {list(seeds)}" if seeds is not None else ""))
     out_dir = Path(out_root) / stage
     frames = reference_tables(runs, *STAGE_REFERENCES[stage])
-    outcomes = run_comparisons(runs, stats=stats)
+    floors = corpus_floors(prepared_dir, {r.summary.corpus for r in runs.values()})
+    outcomes = run_comparisons(runs, stats=stats, floors=floors)
     records = analysis_records(runs, stage=stage, stats=stats, outcomes=outcomes,
-                               cores=available_cores())
+                               cores=available_cores(), floors=floors)
     frames["noninferiority"] = outcomes_table(outcomes)
     frames["timing"] = resources_table(records.resources)
     for name, frame in frames.items():
