@@ -473,6 +473,26 @@ def analyse_all(results: dict, fit_min_bytes: int) -> None:
     results["summary"] = summarize(results)
 
 
+def _plan(args: argparse.Namespace, links: list[float | None]
+          ) -> list[tuple[float | None, str, argparse.Namespace]]:
+    """(rate, role, arguments) of every launch: the fit links, the held-out rates, then the
+    held-out model size on its link (``--holdout-d-model`` at ``--holdout-model-rate``)."""
+    plan: list[tuple[float | None, str, argparse.Namespace]] = [(r, "fit", args) for r in links]
+    plan += [(float(r), "held-out", args) for r in args.holdout_rates.split(",") if r]
+    if args.holdout_d_model:
+        other = argparse.Namespace(**{**vars(args), "d_model": args.holdout_d_model})
+        rate = float(args.holdout_model_rate) if args.holdout_model_rate else None
+        plan.append((rate, "held-out", other))
+    return plan
+
+
+#: ``--calibrate``: the step-time model's calibration (docs/steptime.md), ~10 min on 2 cores
+CALIBRATE = {"rates": "1000,100,10", "holdout_rates": "300", "holdout_d_model": 192,
+             "holdout_model_rate": "100", "d_model": 128, "steps": 5, "rounds": 5,
+             "sweep_sizes": "1024,16384,65536,262144,1048576,4194304", "sweep_repeats": 2,
+             "json_out": str(REPO / "bench" / "results" / "scape_calibration.json")}
+
+
 def parent_main(args: argparse.Namespace) -> int:
     from lmrepro.bench.machine import busy_processes, load_average, machine_info
     from lmrepro.bench.netns import ShapedNamespace, missing_requirements, namespace_name
@@ -498,20 +518,30 @@ def parent_main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp, ShapedNamespace(name) as ns:
         results["namespace"] = {"name": ns.name, "addresses": ns.addresses()}
         print(f"namespace {ns.name}: {ns.addresses()}", flush=True)
-        for rate in links:
+        for rate, role, run_args in _plan(args, links):
             label = "unlimited" if rate is None else f"{rate:g}mbit"
+            same_rate = results["links"].get(label)
+            if run_args.d_model != args.d_model:
+                label += f"-d{run_args.d_model}"
             cmd = ns.shape(rate)
             qdisc = ns.qdisc()
-            print(f"\n-- link {label}: {' '.join(cmd) if cmd else 'no qdisc'} | {qdisc}",
-                  flush=True)
+            print(f"\n-- link {label} ({role}): {' '.join(cmd) if cmd else 'no qdisc'} | "
+                  f"{qdisc}", flush=True)
             t0 = time.perf_counter()
-            res = _launch(ns, args, Path(tmp) / f"{label}.json", skip_sweep=False)
+            # a held-out model size on a link already swept reuses that link's sweep
+            res = _launch(ns, run_args, Path(tmp) / f"{label}.json",
+                          skip_sweep=same_rate is not None)
+            if same_rate is not None:
+                res["sweep"], res["sweep_sizes"] = (same_rate["sweep_times_s"],
+                                                    same_rate["sweep_sizes"])
             fits = _sweep_fits(res["sweep"], res["sweep_sizes"], args.fit_min_bytes)
             res["world"] = args.world
             rows = analyse_link(res, fits)
             _print_link(label, rows, fits)
             results["links"][label] = {
-                "rate_mbit": rate, "tc_command": cmd, "qdisc": qdisc,
+                "rate_mbit": rate, "tc_command": cmd, "qdisc": qdisc, "role": role,
+                "model": {"layers": run_args.layers, "d_model": run_args.d_model},
+                "sweep_reused": same_rate is not None,
                 "wall_s": time.perf_counter() - t0,
                 "fits": {k: f.to_dict() for k, f in fits.items()},
                 "fit_min_bytes": args.fit_min_bytes,
@@ -657,6 +687,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-repeats", type=int, default=3)
     ap.add_argument("--fit-min-bytes", type=int, default=65536,
                     help="fit alpha-beta on swept sizes >= this (default 64 KiB)")
+    ap.add_argument("--holdout-rates", default="",
+                    help="Mbit/s of links measured but not used in the step-time model's fit")
+    ap.add_argument("--holdout-d-model", type=int, default=0,
+                    help="also measure this model width (held out of the fit)")
+    ap.add_argument("--holdout-model-rate", default="100",
+                    help="Mbit/s of the held-out model's link ('' = unlimited)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="the step-time model's calibration: " + ", ".join(
+                        f"--{k.replace('_', '-')} {v}" for k, v in CALIBRATE.items()
+                        if k != "json_out") + "; writes bench/results/scape_calibration.json")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="per link")
     ap.add_argument("--json-out", default=str(DEFAULT_OUT))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -665,6 +705,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reanalyse", default=None, metavar="JSON",
                     help="recompute the analysis of an earlier result file (no measurement)")
     args = ap.parse_args(argv)
+    if args.calibrate:
+        for k, v in CALIBRATE.items():
+            setattr(args, k, v)
     if args.reanalyse:
         results = json.loads(Path(args.reanalyse).read_text())
         analyse_all(results, args.fit_min_bytes)

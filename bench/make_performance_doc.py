@@ -50,6 +50,39 @@ def _load_line(r: dict) -> str:
             f"{r['loadavg_end']}; other busy processes seen: {other}")
 
 
+def _spread(run: dict | None) -> str:
+    """A step's median over its timed blocks with the interquartile range and the number of
+    timed steps, e.g. ``274.0 (272.7-275.5; 5x4 steps)``."""
+    if run is None:
+        return "-"
+    import numpy as np
+
+    blocks = run.get("block_step_s") or [run["step_s"]]
+    q1, med, q3 = np.percentile(np.asarray(blocks, dtype=float), [25, 50, 75]) * 1e3
+    return (f"{med:.1f} ({q1:.1f}-{q3:.1f}; {len(blocks)}x{run['steps'] // len(blocks)} "
+            "steps)")
+
+
+def _inside_spread(link: dict) -> str:
+    """Whether SCAPE 99 %'s and AdamW's interquartile ranges overlap (the verdict is then
+    inside the spread)."""
+    import numpy as np
+
+    a, b = _run(link, "scape99", "real"), _run(link, "adamw", "real")
+    if not a or not b:
+        return ""
+    qa = np.percentile(a.get("block_step_s") or [a["step_s"]], [25, 75])
+    qb = np.percentile(b.get("block_step_s") or [b["step_s"]], [25, 75])
+    overlap = qa[0] <= qb[1] and qb[0] <= qa[1]
+    return (" (the two interquartile ranges overlap: the ratio is inside the spread)"
+            if overlap else " (the interquartile ranges do not overlap)")
+
+
+def _run(link: dict, method: str, mode: str) -> dict | None:
+    return next((x for x in link["raw_runs"] if x["method"] == method and x["mode"] == mode),
+                None)
+
+
 # ---------------------------------------------------------------------------------------------
 def section_scape(r: dict | None) -> str:
     if r is None:
@@ -66,8 +99,10 @@ def section_scape(r: dict | None) -> str:
         f"afterwards: {r['namespace'].get('deleted')}), 1 thread each. Model: ByteTransformer "
         f"{a['layers']} layers, d = {a['d_model']}, context {a['context']}, "
         f"{n_params / 1e6:.2f} M parameters, batch {a['batch']} sequences per worker. "
-        f"{a['steps']} timed steps per method and mode after {a['warmup']} warm-up steps; step "
-        "time = wall time of the block of timed steps (barrier to barrier, slower rank) / steps. "
+        f"{a.get('rounds', 1)} blocks of {a['steps']} timed steps per method and mode "
+        f"({a.get('rounds', 1) * a['steps']} timed steps) after {a['warmup']} warm-up steps; "
+        "block step time = wall time of the block (barrier to barrier, slower rank) / steps; "
+        "every step time is the median over the blocks with the interquartile range. "
         "*compute* = the same steps with every collective replaced by a local stand-in of the "
         "same shape. *ideal* = compute + alpha-beta prediction of each blocking collective (each "
         "collective priced by its own fit, i.e. gloo's algorithms as they are) + the part of the "
@@ -98,7 +133,7 @@ def section_scape(r: dict | None) -> str:
         rows = []
         for m, x in link["methods"].items():
             rows.append([m, f"{x['bytes_per_step']['total'] / 1e6:.3f}",
-                         f"{x['measured_step_s'] * 1e3:.1f}", f"{x['compute_step_s'] * 1e3:.1f}",
+                         _spread(_run(link, m, "real")), _spread(_run(link, m, "compute")),
                          f"{(x['pred_blocking_comm_s'] + x['pred_async_comm_s']) * 1e3:.1f}",
                          f"{x['ideal_step_s'] * 1e3:.1f}", f"{x['measured_over_ideal']:.2f}",
                          f"{x.get('measured_speedup', 1.0):.2f}",
@@ -106,7 +141,8 @@ def section_scape(r: dict | None) -> str:
                          f"{x.get('fraction_of_ideal', 1.0):.2f}",
                          f"{x['link_limit_step_s'] * 1e3:.1f}",
                          f"{x.get('link_limit_speedup', 1.0):.2f}"])
-        parts.append(_table(["method", "MB/step/rank", "measured ms", "compute ms",
+        parts.append(_table(["method", "MB/step/rank",
+                             "measured ms: median (IQR; blocks x steps)", "compute ms (same)",
                              "pred. comm ms", "ideal ms", "measured/ideal",
                              "speedup vs AdamW", "ideal speedup", "fraction of ideal",
                              "link-limit ms", "link-limit speedup"], rows))
@@ -116,12 +152,17 @@ def section_scape(r: dict | None) -> str:
     if "scape99_step_over_adamw_unlimited" in s:
         parts.append(
             f"- SCAPE 99 % step over the dense AdamW step on the unlimited link, measured side by "
-            f"side in one run: {s['scape99_step_over_adamw_unlimited']:.3f}x; target <= "
-            f"{s['target_step_over_adamw']:.2f}x: {_yes(s['step_target_met'])}.")
+            f"side in one run: {s['scape99_step_over_adamw_unlimited']:.3f}x (SCAPE 99 % "
+            f"{_spread(_run(r['links']['unlimited'], 'scape99', 'real'))} ms against AdamW "
+            f"{_spread(_run(r['links']['unlimited'], 'adamw', 'real'))} ms); target <= "
+            f"{s['target_step_over_adamw']:.2f}x: {_yes(s['step_target_met'])}"
+            f"{_inside_spread(r['links']['unlimited'])}.")
     if "scape99_fraction_of_ideal" in s:
         parts.append(
             f"- SCAPE 99 % on the slowest link ({s['slowest_link']}): measured speedup over "
-            f"dense AdamW {s['scape99_measured_speedup']:.2f}x, ideal "
+            f"dense AdamW {s['scape99_measured_speedup']:.2f}x (SCAPE 99 % "
+            f"{_spread(_run(r['links'][s['slowest_link']], 'scape99', 'real'))} ms, AdamW "
+            f"{_spread(_run(r['links'][s['slowest_link']], 'adamw', 'real'))} ms), ideal "
             f"{s['scape99_ideal_speedup']:.2f}x, i.e. {100 * s['scape99_fraction_of_ideal']:.0f}"
             f" % of the ideal; target >= 90 %: {_yes(s['fraction_target_met'])}.")
     if "scape99_mask_wait_s_slowest_link" in s:
@@ -400,12 +441,56 @@ def update_rgc_doc(text: str, block: str) -> str:
     return text[:begin + len(RGC_BEGIN)] + "\n\n" + block.strip() + "\n\n" + text[end:]
 
 
+def section_calibration(r: dict | None) -> str:
+    """The step-time model's calibration: fitted constants and predicted against measured step
+    times (held-out points marked), from ``bench/results/scape_calibration.json``."""
+    head = "## Step-time model: calibration and validation (docs/steptime.md)\n\n"
+    if r is None:
+        return (head + "**Not yet calibrated**: `bench/results/scape_calibration.json` does not "
+                "exist. Run `sudo python bench/bench_scape_netns.py --calibrate` (about 10 min "
+                "on 2 cores, on a quiet machine), then this script.\n")
+    sys.path.insert(0, str(REPO / "src"))
+    from lmrepro.scape.steptime_fit import calibrate
+
+    cal = calibrate(r)
+    parts = [head, f"Machine: {_machine(r['machine'])}. {_load_line(r)}.\n",
+             f"Fitted on links {', '.join(cal['fit_links'])}; held out: "
+             f"{', '.join(cal['held_out_links']) or 'none'}. Per collective, "
+             "`t = alpha + n (beta_mem + s * 8 / R)` (R the link rate in bit/s):\n"]
+    parts.append(_table(["collective", "alpha (ms)", "beta_mem (ns/B)", "s (link bytes per byte)",
+                         "points", "max rel. error"],
+                        [[k, f"{m['alpha_s'] * 1e3:.3f}", f"{m['beta_mem_s_per_byte'] * 1e9:.3f}",
+                          f"{m['link_bytes_per_byte']:.3f}", m["n_points"],
+                          f"{m['max_rel_err']:.2f}"] for k, m in cal["models"].items()]))
+    loc = cal["local"]
+    parts.append(f"\nLocal constants (compute-only steps): forward/backward "
+                 f"{loc['fwd_bwd_s_per_param'] * 1e9:.2f} ns per parameter; AdamW update "
+                 f"{loc['dense_s_per_param'] * 1e9:.3f} ns per parameter; SCAPE extra "
+                 f"{loc['scape_extra_s_per_param'] * 1e9:.3f} ns per parameter and "
+                 f"{loc['s_per_kept'] * 1e9:.2f} ns per kept element.\n")
+    rows = [[x["link"], f"{x['n_params'] / 1e6:.2f} M", x["method"], x["role"],
+             f"{x['measured_s'] * 1e3:.1f} ({x['q1_s'] * 1e3:.1f}-{x['q3_s'] * 1e3:.1f}; "
+             f"{x['blocks']}x{x['timed_steps'] // max(1, x['blocks'])} steps)",
+             f"{x['predicted_s'] * 1e3:.1f}", f"{100 * x['rel_error']:+.1f} %",
+             "yes" if x["within_tolerance"] else "**no**"] for x in cal["rows"]]
+    parts.append(_table(["link", "model", "method", "role",
+                         "measured ms: median (IQR; blocks x steps)", "predicted ms", "error",
+                         f"within {100 * cal['tolerance']:.0f} %"], rows))
+    err = cal["held_out_max_abs_error"]
+    parts.append(f"\nHeld-out points within {100 * cal['tolerance']:.0f} %: "
+                 f"{_yes(cal['held_out_pass'])}"
+                 + (f" (largest error {100 * err:.1f} %)." if err is not None else ".") + "\n")
+    return "\n".join(parts) + "\n"
+
+
 def render() -> str:
     head = ("# Performance\n\n"
             "Generated by `bench/make_performance_doc.py` from `bench/results/*.json`, the last "
             "run of each benchmark (commands in `bench/README.md`). Do not edit by hand: rerun "
             "the benchmarks and this script.\n\n")
-    return head + "\n".join([section_scape(_load("scape_netns")), section_cpu(_load("cpu")),
+    return head + "\n".join([section_scape(_load("scape_netns")),
+                             section_calibration(_load("scape_calibration")),
+                             section_cpu(_load("cpu")),
                              section_rgc(_load("rgc"))])
 
 

@@ -6,6 +6,7 @@
     lmrepro install-corpus | fetch | prepare                     # see lmrepro.data.cli
     lmrepro train-scape ...                                      # under torchrun; scape.cli
     lmrepro train-rgc ...                                        # see lmrepro.rgc.cli
+    lmrepro predict  [--model-params N ...] [--json]             # step-time model; predict_cli
     lmrepro report   [--reports reports]                         # reports/index.html
     lmrepro publish  [--dest published/<profile>]                # a finished run's products
 
@@ -164,8 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     from lmrepro.data import cli as data_cli
     from lmrepro.rgc import cli as rgc_cli
     from lmrepro.scape import cli as scape_cli
+    from lmrepro.scape import predict_cli
 
-    for module in (data_cli, scape_cli, rgc_cli):
+    for module in (data_cli, scape_cli, rgc_cli, predict_cli):
         module.register(sub)
     return parser
 

@@ -38,6 +38,8 @@ NOT_RUN = "not run"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_RUN)
 #: the measured column of a claim that this profile does not run
 NOT_RUN_TEXT = "not run in this profile"
+#: the ``kind`` of a row that a model predicts at the paper's scale instead of measuring ours
+PREDICTED = "predicted at the paper's scale"
 #: the caveats column joins the caveats with this separator
 CAVEAT_SEPARATOR = "; "
 
@@ -55,6 +57,7 @@ class Measured:
     reproduced: bool | None
     scale: str           # our scale (:func:`lmrepro.pipeline.analysis.run_scale`)
     caveats: tuple[str, ...] = ()
+    kind: str = "measured"   # or PREDICTED: a model's figure at the paper's scale
 
     @property
     def verdict(self) -> str:
@@ -190,7 +193,7 @@ def runs_of(records: AnalysisRecords, *roles: str) -> list[RunRecord]:
 # --------------------------------------------------------------------------------------------
 
 CLAIM_COLUMNS = ["id", "paper", "claim", "paper_figure", "paper_scale", "measured",
-                 "measured_value", "our_scale", "corpus", "rule", "verdict", "caveats"]
+                 "measured_value", "our_scale", "corpus", "rule", "verdict", "caveats", "kind"]
 
 
 def _caveats(*parts: str) -> str:
@@ -220,10 +223,11 @@ def claims_table(records: AnalysisRecords, claims: Sequence[Claim] | None = None
         if not measured:
             rows.append({**base, "measured": NOT_RUN_TEXT, "measured_value": math.nan,
                          "our_scale": "", "corpus": "", "verdict": NOT_RUN,
-                         "caveats": _caveats(claim.caveat)})
+                         "caveats": _caveats(claim.caveat), "kind": "measured"})
         rows += [{**base, "measured": m.measured, "measured_value": m.value,
                   "our_scale": m.scale, "corpus": m.corpus, "verdict": m.verdict,
-                  "caveats": _caveats(claim.caveat, *m.caveats)} for m in measured]
+                  "caveats": _caveats(claim.caveat, *m.caveats), "kind": m.kind}
+                 for m in measured]
     return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
 
 

@@ -1,0 +1,172 @@
+"""The step-time model (lmrepro.scape.steptime), its calibration and ``lmrepro predict``."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmrepro.cli import main
+from lmrepro.scape import steptime as S
+from lmrepro.scape import steptime_fit as F
+from lmrepro.scape import steptime_paper as P
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench" / "results" / "scape_netns.json"
+LINK = S.Link(1e-5, 1e9)
+
+
+@pytest.mark.parametrize("p", [2, 3, 8, 32])
+def test_ring_all_reduce_cost(p: int) -> None:
+    n = 4e8
+    assert S.ring_all_reduce_s(n, p, LINK) == pytest.approx(
+        2 * (p - 1) / p * n / 1e9 + 2 * (p - 1) * 1e-5)
+    # reduce-scatter + all-gather is the ring all-reduce
+    assert S.ring_reduce_scatter_s(n, p, LINK) + S.ring_all_gather_s(n, p, LINK) == \
+        pytest.approx(S.ring_all_reduce_s(n, p, LINK))
+    assert S.ring_all_reduce_s(n, 1, LINK) == 0.0
+
+
+def test_cluster_ring_and_hierarchical_costs() -> None:
+    c = S.Cluster(world=32, gpus_per_node=4, inter=S.Link(5e-6, 25e9))
+    n = 8e9
+    ring = S.all_reduce_s(n, c, "ring")
+    assert ring == pytest.approx(2 * 31 / 32 * n / 25e9, rel=1e-3)
+    # hierarchical: the network carries 2 (N-1)/N n per node over N = 8 nodes, plus the
+    # intra-node reduce-scatter and all-gather
+    fast_nvlink = S.Cluster(world=32, gpus_per_node=4, inter=S.Link(5e-6, 25e9),
+                            intra=S.Link(0.0, 1e15))
+    assert S.all_reduce_s(n, fast_nvlink, "hierarchical") == pytest.approx(
+        2 * 7 / 8 * n / 25e9 + 2 * 7 * 5e-6, rel=1e-4)
+    assert S.all_reduce_s(n, c, "hierarchical") == pytest.approx(
+        S.all_reduce_s(n, fast_nvlink, "hierarchical") + 2 * 3 / 4 * n / 150e9 + 2 * 3 * 2e-6,
+        rel=1e-4)
+    one_node = S.Cluster(world=4, gpus_per_node=4, intra=S.Link(0.0, 150e9))
+    assert S.all_reduce_s(n, one_node) == pytest.approx(S.ring_all_reduce_s(n, 4, one_node.intra))
+
+
+def test_speedup_tends_to_one_as_bandwidth_grows() -> None:
+    w = S.Workload(params=1e9, tokens_per_step=1e6)
+    o = S.Options(density=0.01)
+    speedups = [S.predict(w, S.Cluster(inter=S.Link(0.0, b)), o)["speedup"]
+                for b in (1e9, 1e10, 1e12, 1e15)]
+    assert speedups == sorted(speedups, reverse=True)
+    # the local work SCAPE adds is all that is left: a little under 1 at infinite bandwidth
+    assert 0.97 < speedups[-1] < 1.0
+    no_local = S.LocalWork(0.0, 0.0, 0.0, 0.0)
+    big = S.Cluster(inter=S.Link(0.0, 1e18))
+    assert S.predict(w, big, o, no_local)["speedup"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_scape_bytes_scale_with_density() -> None:
+    w = S.Workload(params=1e9, vector_params=1e6)
+    c = S.Cluster()
+    b1 = S.predict(w, c, S.Options(density=0.01))["scape_value_bytes_per_gpu"]
+    b10 = S.predict(w, c, S.Options(density=0.1))["scape_value_bytes_per_gpu"]
+    assert b1 == pytest.approx(4 * (0.01 * (1e9 - 1e6) + 1e6))
+    assert (b10 - 4e6) == pytest.approx(10 * (b1 - 4e6))
+    # the mask: int32 indices below density 1/32, a bitmap above
+    assert S.mask_bytes_per_rank(w, 0.01, 32) == pytest.approx(4 * 0.01 * (1e9 - 1e6) / 32)
+    assert S.mask_bytes_per_rank(w, 0.5, 32) == pytest.approx((1e9 - 1e6) / 32 / 8)
+
+
+def test_overlap_hides_the_mask_and_without_it_the_step_grows() -> None:
+    w = S.Workload(params=1e9, compute_s=1.0)
+    c = S.Cluster(inter=S.Link(0.0, 1e8))
+    on = S.scape_step(w, c, S.Options(density=0.1, overlap_mask=True))
+    off = S.scape_step(w, c, S.Options(density=0.1, overlap_mask=False))
+    assert off["step_s"] - on["step_s"] == pytest.approx(min(on["mask_s"], 1.0))
+
+
+def test_wallclock_with_dense_warmup_saves_less_than_the_step() -> None:
+    m = P.LLAMA_500M
+    c = P.paper_cluster(25.0)
+    o = S.Options(density=0.01)
+    per_step = 1 - 1 / S.predict(m.workload(), c, o)["speedup"]
+    whole = S.run_wallclock(m.workload(), c, o, m.total_steps, m.dense_steps, m.ramp_steps)
+    assert 0 < whole["saving"] < per_step
+    assert S.run_wallclock(m.workload(), c, o, 100)["saving"] == pytest.approx(per_step)
+
+
+def test_weak_scaling_efficiency_is_one_at_the_smallest_world() -> None:
+    rows = P.scaling_table()
+    assert [r["world"] for r in rows] == [8, 32, 128]
+    assert rows[0]["dense_efficiency"] == rows[0]["scape_efficiency"] == 1.0
+    assert all(r["scape_efficiency"] >= r["dense_efficiency"] for r in rows)
+
+
+def test_required_bandwidth_gives_the_target_speedup() -> None:
+    g = P.required_bandwidth(P.LLAMA_1_8B, 2.0)
+    assert g is not None
+    c = P.paper_cluster(g)
+    o = S.Options(density=P.LLAMA_1_8B.density)
+    assert S.predict(P.LLAMA_1_8B.workload(), c, o)["speedup"] == pytest.approx(2.0, rel=1e-4)
+
+
+def test_cli_contract_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["predict", "--model-params", "1.8e9", "--world-size", "32", "--gpus-per-node",
+               "4", "--inter-node-gbit", "200", "--density", "0.01", "--json"])
+    assert rc == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    r = json.loads(out[0])
+    assert {"dense_step_s", "scape_step_s", "speedup"} <= set(r)
+    assert r["speedup"] == pytest.approx(r["dense_step_s"] / r["scape_step_s"])
+    assert r["cluster"]["gpus_per_node"] == 4 and r["cluster"]["inter_node_gbit"] == 200
+
+
+@pytest.mark.parametrize("argv,name", [(["--density", "1.5"], "--density"),
+                                       (["--world-size", "0"], "--world-size"),
+                                       (["--inter-node-gbit", "-1"], "--inter-node-gbit"),
+                                       (["--world-size", "30", "--gpus-per-node", "4"],
+                                        "--world-size"),
+                                       (["--mfu", "2"], "--mfu")])
+def test_bad_flag_exits_2_with_one_line(argv: list[str], name: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "lmrepro", "predict", *argv],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and "Traceback" not in proc.stderr
+
+
+def _synthetic_links(alpha: float, beta: float, s: float) -> list[dict]:
+    sizes = [65536 * 4 ** i for i in range(5)]
+    links = []
+    for rate in (None, 1000.0, 100.0, 10.0):
+        inv = 0.0 if rate is None else 8.0 / (rate * 1e6)
+        times = {k: [[alpha + n * (beta + s * inv)] * 3 for n in sizes] for k in F.KINDS}
+        links.append({"rate_mbit": rate, "sweep_sizes": sizes, "sweep_times_s": times})
+    return links
+
+
+def test_fit_recovers_known_alpha_beta() -> None:
+    m = F.fit_link_model(_synthetic_links(2e-4, 1e-9, 2.0), "all_reduce")
+    assert m["alpha_s"] == pytest.approx(2e-4, rel=1e-6)
+    assert m["beta_mem_s_per_byte"] == pytest.approx(1e-9, rel=1e-6)
+    assert m["link_bytes_per_byte"] == pytest.approx(2.0, rel=1e-6)
+    assert F.collective_s(m, 1e6, 1e8) == pytest.approx(2e-4 + 1e6 * (1e-9 + 16 / 1e8))
+
+
+@pytest.mark.skipif(not BENCH.exists(), reason="no benchmark result")
+def test_held_out_prediction_on_the_bench_results_is_computed() -> None:
+    results = json.loads(BENCH.read_text())
+    cal = F.calibrate(results)
+    held = [r for r in cal["rows"] if r["role"] == "held-out"]
+    assert held and cal["held_out_links"] and set(cal["fit_links"]).isdisjoint(
+        cal["held_out_links"])
+    for r in held:       # recomputed from the raw timings, not a stored figure
+        link = results["links"][r["link"]]
+        run = next(x for x in link["raw_runs"] if x["method"] == r["method"]
+                   and x["mode"] == "real")
+        assert r["measured_s"] == pytest.approx(float(np.median(run["block_step_s"])))
+        assert r["q1_s"] <= r["measured_s"] <= r["q3_s"]
+        assert r["rel_error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+        assert math.isfinite(r["predicted_s"]) and r["timed_steps"] > 0
+    # holding out another link changes the fit, so the prediction is not a stored number
+    other = F.calibrate(results, holdout=["100mbit"])
+    assert other["models"] != cal["models"]
