@@ -7,9 +7,13 @@ that measures it from the analysis stages' records
 (:class:`~lmrepro.pipeline.analysis.AnalysisRecords`). The claims stage only reads those records:
 no run directory is opened and no bootstrap is recomputed here.
 
-Verdicts. A measured claim is ``reproduced``, ``not reproduced`` or ``inconclusive`` (a
-:class:`Measured` whose ``reproduced`` is None: e.g. a timing difference inside the step-time
-spread, :func:`timing_verdict`); a claim with nothing to measure in this profile is ``not run``.
+Verdicts. A measured claim is ``reproduced`` (our figure agrees with the paper's within the
+tolerance its rule states), ``reproduced in direction only`` (the same direction, outside that
+tolerance), ``not reproduced``, ``inconclusive`` (a :class:`Measured` whose ``reproduced`` is
+None: e.g. a timing difference inside the step-time spread, :func:`timing_verdict`) or ``not
+testable at this scale`` (a quality verdict whose dense baseline is not at least 10 % below the
+corpus's trigram floor: :func:`lmrepro.data.ngram.testable`); a claim with nothing to measure in
+this profile is ``not run``, one that no experiment here can test ``not testable here``.
 
 Caveats travel with the verdict: the claim's declared caveat, and those its measure computes
 (one seed, too few seeds for the seed-level bound, oversubscribed runs, a timing difference inside
@@ -28,14 +32,18 @@ import pandas as pd
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline.analysis import (DEFAULT_STATS, AnalysisRecords, ComparisonRecord,
-                                       ResourceRecord, RunRecord, read_analysis)
+                                       ResourceRecord, read_analysis)
 
 STAGES = ("scape", "rgc")
 REPRODUCED = "reproduced"
+DIRECTION_ONLY = "reproduced in direction only"
 NOT_REPRODUCED = "not reproduced"
 INCONCLUSIVE = "inconclusive"
+NOT_TESTABLE = "not testable at this scale"
+NOT_TESTABLE_HERE = "not testable here"
 NOT_RUN = "not run"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_RUN)
+VERDICTS = (REPRODUCED, DIRECTION_ONLY, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTABLE,
+            NOT_TESTABLE_HERE, NOT_RUN)
 #: the measured column of a claim that this profile does not run
 NOT_RUN_TEXT = "not run in this profile"
 #: the ``kind`` of a row that a model predicts at the paper's scale instead of measuring ours
@@ -58,13 +66,22 @@ class Measured:
     scale: str           # our scale (:func:`lmrepro.pipeline.analysis.run_scale`)
     caveats: tuple[str, ...] = ()
     kind: str = "measured"   # or PREDICTED: a model's figure at the paper's scale
+    testable: bool = True    # False: the models did not learn enough for a quality verdict
+    direction_only: bool = False   # reproduced in direction, outside the rule's tolerance
+    untestable_here: bool = False  # no experiment of this package can test the claim
 
     @property
     def verdict(self) -> str:
-        """``reproduced``, ``not reproduced`` or ``inconclusive``."""
+        """One of :data:`VERDICTS` but ``not run``."""
+        if self.untestable_here:
+            return NOT_TESTABLE_HERE
+        if not self.testable:
+            return NOT_TESTABLE
         if self.reproduced is None:
             return INCONCLUSIVE
-        return REPRODUCED if self.reproduced else NOT_REPRODUCED
+        if self.reproduced:
+            return DIRECTION_ONLY if self.direction_only else REPRODUCED
+        return NOT_REPRODUCED
 
 
 Measure = Callable[[AnalysisRecords], list[Measured]]
@@ -103,8 +120,9 @@ def registry() -> tuple[Claim, ...]:
 # --------------------------------------------------------------------------------------------
 
 def ni_text(c: ComparisonRecord) -> str:
-    """A non-inferiority result in words: mean d, the verdict's bound U and its level, the
-    other level's bound, margin, verdict, seeds and pairs."""
+    """A non-inferiority result in words: mean d with the verdict's bounds [L, U] and their
+    level, the sign-flip p-value, the other level's bound, margin, verdict, split, seeds and
+    pairs, and the baseline against the trigram floor."""
     if c.mean_rel_diff is None or c.upper_bound is None:
         return f"diverged ({c.note}); {c.n_pairs} pairs"
     other = ""
@@ -112,10 +130,16 @@ def ni_text(c: ComparisonRecord) -> str:
         other = f"; batch-level U {c.batch_upper_bound * 100:+.3g} %"
     elif c.seed_upper_bound is not None:
         other = f"; seed-level U {c.seed_upper_bound * 100:+.3g} %"
+    lower = "" if c.lower_bound is None else f"L {c.lower_bound * 100:+.3g} %, "
+    p = "" if c.p_value is None or c.level != "seed" else f", sign-flip p {c.p_value:.3g}"
     seeds = f"{c.n_seeds} seed{'s' * (c.n_seeds != 1)}"
-    return (f"mean d {c.mean_rel_diff * 100:+.3g} %, U {c.upper_bound * 100:+.3g} % "
-            f"({c.level} level{other}; margin {c.margin:.1%}): {c.verdict}; {seeds}, "
-            f"{c.n_pairs} pairs")
+    floor = ""
+    if c.baseline_bpb is not None and c.floor_bpb is not None:
+        floor = (f"; baseline {c.baseline_bpb:.3f} bits/byte vs trigram floor "
+                 f"{c.floor_bpb:.3f}")
+    return (f"mean d {c.mean_rel_diff * 100:+.3g} %, {lower}U {c.upper_bound * 100:+.3g} % "
+            f"({c.level} level{other}{p}; margin {c.margin:.1%}): {c.verdict}; {c.split} split, "
+            f"{seeds}, {c.n_pairs} pairs{floor}")
 
 
 def ni_value(c: ComparisonRecord) -> float:
@@ -173,19 +197,19 @@ def noninferiority_measure(candidate: str, baseline: str, *, non_inferior: bool,
             scale = comparison_scale(records, c.candidate_runs,
                                      f"{per_seed} eval batches per seed")
             out.append(Measured(c.corpus, ni_text(c), ni_value(c),
-                                c.non_inferior == non_inferior, scale, tuple(c.caveats)))
+                                c.non_inferior == non_inferior, scale,
+                                tuple(c.caveats) + untestable_caveat(c), testable=c.testable))
         return out
     return measure
 
 
-def same_setting(a: RunRecord, b: RunRecord) -> bool:
-    """Same corpus and world size (None for both runs of the RGC suite)."""
-    return a.corpus == b.corpus and a.world_size == b.world_size
-
-
-def runs_of(records: AnalysisRecords, *roles: str) -> list[RunRecord]:
-    """The run records of the given roles, in the analysis's order."""
-    return [r for r in records.runs if r.role in roles]
+def untestable_caveat(c: ComparisonRecord) -> tuple[str, ...]:
+    """Why a comparison is no quality verdict, when its baseline has not left the n-gram floor."""
+    if c.testable or c.baseline_bpb is None or c.floor_bpb is None:
+        return ()
+    return (f"the dense baseline ends at {c.baseline_bpb:.3f} bits/byte, not 10 % below the "
+            f"corpus's trigram floor ({c.floor_bpb:.3f}, {c.split} split): the models have not "
+            "learned what the claim is about",)
 
 
 # --------------------------------------------------------------------------------------------

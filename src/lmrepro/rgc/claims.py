@@ -12,7 +12,11 @@ from lmrepro.pipeline.claims import (Claim, Measured, comparison_scale, noninfer
                                      resources, spread_text, timing_verdict)
 
 PAPER = "RGC (bounded-horizon local training)"
-SOURCE = "summary, as quoted in DESIGN.md (the paper's full text was not available)"
+SOURCE = "the paper's summary (docs/papers.md; the full text was not available)"
+#: the paper's peak-memory ratio (4.31 / 1.94 GiB) and the tolerance a figure must meet to
+#: reproduce it (a ratio within 25 % of it; outside, a larger peak is direction only)
+PAPER_MEMORY_RATIO = 4.31 / 1.94
+MEMORY_TOLERANCE = 0.25
 SCALE = "24-layer byte-level transformer, 4 stages x 6 layers, 31 CPU cores"
 
 
@@ -54,10 +58,14 @@ def memory(records: AnalysisRecords) -> list[Measured]:
             kind = "RSS (the runs recorded no PSS)"
             x = math.nan if r.memory_ratio is None else r.memory_ratio
             vc, vb = r.candidate_peak_rss_bytes, r.baseline_peak_rss_bytes
+        close = abs(math.log(x / PAPER_MEMORY_RATIO)) <= math.log(1 + MEMORY_TOLERANCE) \
+            if x > 0 else False
         out.append(Measured(r.corpus, f"{vc / GIB:.3f} vs {vb / GIB:.3f} GiB peak {kind} "
-                            f"({x:.2f}x; {r.candidate_processes} processes vs "
+                            f"({x:.2f}x against the paper's {PAPER_MEMORY_RATIO:.2f}x; "
+                            f"{r.candidate_processes} processes vs "
                             f"{r.baseline_processes})", x, x > 1.0,
-                            comparison_scale(records, r.candidate_runs)))
+                            comparison_scale(records, r.candidate_runs),
+                            direction_only=x > 1.0 and not close))
     return out
 
 
@@ -82,8 +90,9 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("rgc-memory", PAPER, "async RGC peaks at 4.31 GiB versus 1.94 GiB for backprop",
           "paper: 4.31 vs 1.94 GiB (2.22x), attributed to activation copies and snapshots",
           SOURCE, SCALE,
-          "direction: reproduced iff async RGC's peak PSS of the process tree exceeds "
-          "backprop's (ratio > 1). PSS counts the torch libraries once, not once per worker as "
+          "reproduced iff async RGC's peak PSS of the process tree over backprop's is within "
+          "25 % of the paper's 2.22x; a ratio > 1 outside it is reproduced in direction only. "
+          "PSS counts the torch libraries once, not once per worker as "
           "RSS does; the runtimes' own share is in notebook 07 (rgc.report.memory_split)",
           memory, caveat="our models are tiny: the torch runtimes, not activations, dominate "
           "the difference (notebook 07's memory split)"),
