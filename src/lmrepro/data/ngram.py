@@ -98,9 +98,11 @@ def floors(train: np.ndarray, val: np.ndarray, test: np.ndarray) -> dict[str, An
     }
 
 
-def corpus_floor(corpus_dir: str | Path, *, refresh: bool = False) -> dict[str, Any]:
+def corpus_floor(corpus_dir: str | Path, *, refresh: bool = False, write: bool = True
+                 ) -> dict[str, Any]:
     """The floors of a prepared corpus, computed once and kept beside it (:data:`FLOOR_FILE`,
-    keyed by the splits' checksums so a re-prepared corpus is scored again)."""
+    keyed by the splits' checksums so a re-prepared corpus is scored again; ``write=False``:
+    computed when missing but not stored, for readers of another stage's outputs)."""
     from lmrepro.data.prepare import load_split, read_manifest
 
     corpus_dir = Path(corpus_dir)
@@ -113,7 +115,8 @@ def corpus_floor(corpus_dir: str | Path, *, refresh: bool = False) -> dict[str, 
             return cached
     out = {**floors(*(load_split(corpus_dir, s) for s in ("train", "val", "test"))),
            "splits": key}
-    atomic_write_json(path, out)
+    if write:
+        atomic_write_json(path, out)
     return out
 
 

@@ -37,9 +37,16 @@ def fetch_all(data: DataConfig) -> dict[str, dict[str, Any]]:
 
 
 def prepare_all(data: DataConfig) -> dict[str, Path]:
-    """Prepare every corpus in ``data.use``; return its prepared directory."""
-    return {name: prepare_from_spec(name, data.corpora[name], data.raw_dir, data.prepared_dir)
-            for name in data.use}
+    """Prepare every corpus in ``data.use`` and score its n-gram floor
+    (:func:`lmrepro.data.ngram.corpus_floor`, kept beside the splits); return its prepared
+    directory."""
+    from lmrepro.data.ngram import corpus_floor
+
+    out = {name: prepare_from_spec(name, data.corpora[name], data.raw_dir, data.prepared_dir)
+           for name in data.use}
+    for path in out.values():
+        corpus_floor(path)
+    return out
 
 
 def prepare_from_spec(name: str, spec: CorpusSpec, cache_dir: str | os.PathLike,

@@ -927,7 +927,7 @@ def corpus_floors(prepared_dir: str | Path | None, corpora: set[str]
 
     if prepared_dir is None:
         return {}
-    return {c: corpus_floor(Path(prepared_dir) / c) for c in sorted(corpora)
+    return {c: corpus_floor(Path(prepared_dir) / c, write=False) for c in sorted(corpora)
             if (Path(prepared_dir) / c / "manifest.json").exists()}
 
 

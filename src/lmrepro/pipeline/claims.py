@@ -34,7 +34,7 @@ from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline.analysis import (DEFAULT_STATS, AnalysisRecords, ComparisonRecord,
                                        ResourceRecord, read_analysis)
 
-STAGES = ("scape", "rgc")
+STAGES = ("scape", "rgc", "scaling")
 REPRODUCED = "reproduced"
 DIRECTION_ONLY = "reproduced in direction only"
 NOT_REPRODUCED = "not reproduced"

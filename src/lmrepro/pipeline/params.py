@@ -28,6 +28,7 @@ file, the line and the column, e.g.::
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -90,11 +91,17 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
+#: environment variable that selects a profile without editing ``params.yaml`` (a published run
+#: is then made from a clean commit): ``LMREPRO_PROFILE=scaling dvc repro``
+PROFILE_ENV = "LMREPRO_PROFILE"
+
+
 def resolve_profile(raw: dict, profile: str | None = None) -> dict:
-    """The top level of ``raw`` merged with the named profile's overrides."""
+    """The top level of ``raw`` merged with the named profile's overrides: ``profile``, else
+    :data:`PROFILE_ENV` when set, else the file's ``profile:``."""
     raw = dict(raw)
     profiles = raw.pop("profiles", {}) or {}
-    name = profile or raw.get("profile", "default")
+    name = profile or os.environ.get(PROFILE_ENV) or raw.get("profile", "default")
     if name != "default":
         if name not in profiles:
             raise ParameterError("profile", name,

@@ -178,3 +178,16 @@ def run_study(suite: ScapeSuite, model: ModelConfig, prepared_dir: str | Path,
     Path(stage_dir).mkdir(parents=True, exist_ok=True)
     return Study(suite.scaling, suite.settings, suite.corpus, suite.world_size, prepared_dir,
                  stage_dir).run()
+
+
+def scaling_stage(suite: ScapeSuite, prepared_dir: str | Path,
+                  stage_dir: str | Path = "results/scaling") -> dict[str, Path]:
+    """The ``train_scaling`` stage: the study of ``suite.scaling`` (run or resumed), or, in a
+    profile without one, a plan saying so (the stage's outputs always exist)."""
+    stage_dir = Path(stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    if suite.scaling is None:
+        atomic_write_json(stage_dir / PLAN, {"runs": {}, "lrs": {},
+                                             "note": "no training-length study in this profile"})
+        return {}
+    return run_study(suite, ModelConfig(), prepared_dir, stage_dir)

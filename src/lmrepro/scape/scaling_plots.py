@@ -1,0 +1,121 @@
+"""Figures of SCAPE's training-length study (:mod:`lmrepro.scape.scaling_report`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from lmrepro.pipeline.analysis import load_run
+
+LOG2 = math.log(2)
+COLOURS = {"scape90": "tab:blue", "scape99": "tab:orange", "topk99": "tab:red",
+           "adams": "black", "adamw": "tab:gray"}
+
+
+def gap_vs_length(gaps: pd.DataFrame, baseline: str = "adams") -> Figure:
+    """Per model size: each sparse method's test-split gap to ``baseline`` against training
+    length (log axis), the mean over seeds with its one-sided bounds [L, U] as error bars."""
+    sizes = sorted(gaps["size"].unique()) if len(gaps) else []
+    fig = Figure(figsize=(6 * max(1, len(sizes)) + 1.5, 4.2))
+    axes = fig.subplots(1, max(1, len(sizes)), squeeze=False, sharey=True)
+    for ax, size in zip(axes[0], sizes):
+        g = gaps[(gaps["size"] == size) & (gaps.baseline == baseline) & gaps["mean"].notna()]
+        for cand, c in g.groupby("candidate", sort=True):
+            c = c.sort_values("steps")
+            mean = c["mean"].to_numpy() * 100
+            lo = mean - c["lower"].to_numpy() * 100
+            hi = c["upper"].to_numpy() * 100 - mean
+            ax.errorbar(c.steps, mean, yerr=[lo, hi], marker="o", capsize=4, label=cand,
+                        color=COLOURS.get(cand))
+        ax.axhline(1.0, color="tab:green", ls="--", lw=1, label="1 % margin")
+        ax.axhline(0.0, color="k", lw=0.6)
+        ax.set_xscale("log")
+        ax.set_xlabel("training length (optimizer steps, log scale)")
+        ax.set_title(f"model {size}: gap to dense {baseline} (test split)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("relative difference in bits/byte (%)\nmean over seeds, bars [L, U]")
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def verdict_curves(runs: pd.DataFrame, size: str, steps: int,
+                   floor: Mapping[str, Any] | None, window: int = 50) -> Figure:
+    """Training loss (bits/byte, moving average over ``window`` steps, mean over seeds) of every
+    method at the verdict point, with the corpus's n-gram floors (validation split) and each
+    method's final validation bits/byte as a dot."""
+    sel = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)]
+    fig = Figure(figsize=(11, 4.8))
+    ax = fig.subplots()
+    for name, g in sel.groupby("run", sort=True):
+        curves = []
+        for p in g.path:
+            loss = [r["loss"] for r in load_run(p, p).metrics if "loss" in r]
+            curves.append(pd.Series(loss).rolling(window, min_periods=1).mean().to_numpy())
+        n = min(len(c) for c in curves)
+        mean = np.mean([c[:n] for c in curves], axis=0) / LOG2
+        ax.plot(np.arange(n), mean, label=f"{name} ({len(curves)} seeds)",
+                color=COLOURS.get(name), lw=1.2)
+        ax.plot([steps], [g.val_bpb.mean()], "o", color=COLOURS.get(name), ms=5)
+    if floor is not None:
+        for kind, ls in (("bigram", ":"), ("trigram", "--")):
+            ax.axhline(floor[kind]["val"], color="tab:purple", ls=ls, lw=1,
+                       label=f"{kind} floor, val ({floor[kind]['val']:.2f})")
+    ax.set_ylim(top=4.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("bits/byte (training loss; dots: final validation)")
+    ax.set_title(f"model {size}, {steps} steps: training loss")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def diagnostics_curves(runs: pd.DataFrame, size: str, steps: int, window: int = 25) -> Figure:
+    """SCAPE's mask diagnostics over training at the verdict point (seed-mean, moving
+    average): the fraction of the mask kept from the step before, and the normalised step size
+    of coordinates that (re-)enter the mask against those that stayed."""
+    sel = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)
+               & (runs.method == "scape")]
+    fig = Figure(figsize=(12, 4))
+    a1, a2 = fig.subplots(1, 2)
+    for name, g in sel.groupby("run", sort=True):
+        frames = [pd.DataFrame([r for r in load_run(p, p).metrics if "mask_kept" in r])
+                  for p in g.path]
+        df = pd.concat(frames).groupby("step").mean(numeric_only=True)
+        col = COLOURS.get(name)
+        a1.plot(df.index, df.mask_kept.rolling(window, min_periods=1).mean(), color=col,
+                label=name)
+        a2.plot(df.index, df.step_enter.rolling(window, min_periods=1).mean(), color=col,
+                label=f"{name}: entering")
+        a2.plot(df.index, df.step_stay.rolling(window, min_periods=1).mean(), color=col,
+                ls="--", label=f"{name}: staying")
+    a1.set_title("fraction of the mask kept from the previous step")
+    a2.set_title("mean |normalised step| (the step is lr x this)")
+    for ax in (a1, a2):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def figures(runs: pd.DataFrame, gaps: pd.DataFrame, floor: Mapping[str, Any] | None,
+            verdict: tuple[str, int]) -> dict[str, Figure]:
+    out = {"gap_vs_length": gap_vs_length(gaps)}
+    if len(runs):
+        out["verdict_curves"] = verdict_curves(runs, *verdict, floor)
+        out["mask_diagnostics"] = diagnostics_curves(runs, *verdict)
+    return out
+
+
+def save(fig: Figure, path: str | Path) -> None:
+    from lmrepro.pipeline.plots import save_figure
+
+    save_figure(fig, path)

@@ -1,0 +1,270 @@
+"""The analysis of SCAPE's training-length study (:mod:`lmrepro.scape.scaling`).
+
+Every quality figure here is judged on the **test** split (the lr sweep chose on the validation
+split) with the seed as the unit (:func:`lmrepro.stats.noninferiority`: a one-sided t interval on
+the per-seed mean relative differences, a sign-flip p-value). Per model size and training length:
+the gap of each sparse method to dense AdamS and AdamW with its bounds, the dense baseline
+against the corpus's trigram floor (a verdict is testable only 10 % below it), then the trend of
+the gap over training length (least squares of the per-seed gaps on ``log10(steps)``, its slope
+per decade with a t interval) and its extrapolation to the paper's 100 000 steps, labelled as an
+extrapolation. The ablations are paired with the run they vary on the same seeds, and SCAPE's
+mask diagnostics are averaged over the steps at the target density.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from lmrepro.io import atomic_write_json, atomic_write_text, read_json
+from lmrepro.pipeline.analysis import Run, analysis_records, load_run, run_comparisons
+from lmrepro.results import SUMMARY
+from lmrepro.stats import StatsConfig, noninferiority
+
+PAPER_STEPS = 100_000          # the SCAPE authors' runs (100 000 iterations)
+SPARSE = ("scape", "topk")
+DENSE = ("adams", "adamw")
+DIAGNOSTICS = ("mask_kept", "step_enter", "step_stay", "reentry_gap", "residual_norm",
+               "coverage_at_target")
+LOG2 = math.log(2)
+
+
+def find_runs(root: Path) -> dict[str, Path]:
+    """Finished run directories below ``root`` by their path relative to it."""
+    return {str(p.parent.relative_to(root)): p.parent for p in sorted(root.glob(f"**/{SUMMARY}"))
+            if "checkpoints" not in p.parts and ".stale-" not in str(p)}
+
+
+def study_runs(stage_dir: str | Path) -> pd.DataFrame:
+    """One row per finished run of the study (``runs/``) and its ablations (``ablations/``):
+    kind, size, steps, seed, run name, method, sparsity, lr, final validation and test bits/byte,
+    diverged step, and the run directory."""
+    stage_dir = Path(stage_dir)
+    rows = []
+    for kind in ("runs", "ablations"):
+        for rel, path in find_runs(stage_dir / kind).items():
+            parts = rel.split("/")
+            size, length, seed, name = parts[-4], parts[-3], parts[-2], parts[-1]
+            run = load_run(rel, path)
+            s = run.summary
+            rows.append({"kind": kind, "size": size, "steps": int(length.removeprefix("L")),
+                         "seed": int(seed.removeprefix("seed")), "run": name,
+                         "method": s.method, "sparsity": s.sparsity or 0.0,
+                         "lr": s.details.get("lr"), "val_bpb": s.final_bpb,
+                         "test_bpb": s.details.get("final_test_bpb"),
+                         "diverged_at_step": s.diverged_at_step, "path": str(path)})
+    return pd.DataFrame(rows)
+
+
+def _losses(run: Run) -> list[float]:
+    return list(run.test_losses or run.eval_losses)
+
+
+def paired_test(base: Sequence[Run], cand: Sequence[Run], stats: StatsConfig
+                ) -> dict[str, Any]:
+    """The seed-level test of ``cand`` against ``base`` (paired by seed, then test batch)."""
+    by_seed = {r.summary.seed: r for r in base}
+    pairs = [(by_seed[c.summary.seed], c) for c in cand if c.summary.seed in by_seed]
+    if not pairs or any(c.summary.diverged_at_step is not None for _, c in pairs):
+        n_div = sum(c.summary.diverged_at_step is not None for _, c in pairs)
+        return {"seeds": len(pairs), "diverged": n_div}
+    b = [x for p in pairs for x in _losses(p[0])]
+    c = [x for p in pairs for x in _losses(p[1])]
+    groups = [p[1].summary.seed for p in pairs for _ in _losses(p[1])]
+    r = noninferiority(b, c, margin=stats.margin, confidence=stats.confidence,
+                       n_resamples=stats.n_resamples, seed=stats.seed, groups=groups,
+                       min_groups=2)   # the seed is the unit: its t bound from 2 seeds on
+    return {"seeds": len(pairs), "diverged": 0, "mean": r.mean_rel_diff,
+            "lower": r.lower_bound, "upper": r.upper_bound, "level": r.level,
+            "seed_lower": r.seed_lower_bound, "seed_upper": r.seed_upper_bound,
+            "batch_upper": r.batch_upper_bound, "p_value": r.p_value,
+            "p_worse": r.p_value_worse, "verdict": r.verdict,
+            "per_seed": list(r.group_means), "per_seed_ids": sorted({p[1].summary.seed
+                                                                     for p in pairs})}
+
+
+def gap_table(runs: pd.DataFrame, stats: StatsConfig, floor: Mapping[str, Any] | None
+              ) -> pd.DataFrame:
+    """Per size, length, sparse run and dense baseline: the test-split gap with its seed-level
+    bounds, the baseline's test bits/byte against the trigram floor and whether it is
+    testable."""
+    from lmrepro.data.ngram import testable
+
+    rows = []
+    main = runs[runs.kind == "runs"]
+    tri = None if floor is None else float(floor["trigram"]["test"])
+    for (size, steps), point in main.groupby(["size", "steps"], sort=True):
+        loaded = {p: load_run(p, p) for p in point.path}
+        by_run: dict[str, list[Run]] = {}
+        for rec in point.itertuples():
+            by_run.setdefault(rec.run, []).append(loaded[rec.path])
+        for base_name in DENSE:
+            base = by_run.get(base_name)
+            if not base:
+                continue
+            bpb = float(np.mean([np.mean(_losses(r)) / LOG2 for r in base]))
+            for name, cand in by_run.items():
+                if cand[0].summary.method not in SPARSE:
+                    continue
+                t = paired_test(base, cand, stats)
+                rows.append({"size": size, "steps": int(steps), "candidate": name,
+                             "baseline": base_name, **t, "baseline_test_bpb": bpb,
+                             "candidate_test_bpb": float(np.mean([np.mean(_losses(r)) / LOG2
+                                                                  for r in cand])),
+                             "trigram_floor": tri,
+                             "testable": True if tri is None else testable(bpb, tri)})
+    return pd.DataFrame(rows)
+
+
+def trend(gaps: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """Per size, candidate and baseline with >= 3 lengths: least squares of the per-seed gaps on
+    ``log10(steps)``: the slope per decade with its two-sided ``confidence`` t interval, and the
+    gap extrapolated to :data:`PAPER_STEPS` with its prediction interval (an extrapolation)."""
+    rows = []
+    for (size, cand, base), g in gaps.groupby(["size", "candidate", "baseline"], sort=True):
+        xs, ys = [], []
+        for rec in g.itertuples():
+            if isinstance(rec.per_seed, list):
+                xs += [math.log10(rec.steps)] * len(rec.per_seed)
+                ys += list(rec.per_seed)
+        if len(set(xs)) < 3 or len(xs) < 4:
+            continue
+        x, y = np.asarray(xs), np.asarray(ys)
+        fit = sps.linregress(x, y)
+        n, df = len(x), len(x) - 2
+        q = sps.t.ppf(0.5 + confidence / 2, df)
+        resid = y - (fit.intercept + fit.slope * x)
+        s = math.sqrt(float(resid @ resid) / df)
+        x0 = math.log10(PAPER_STEPS)
+        se_pred = s * math.sqrt(1 + 1 / n + (x0 - x.mean()) ** 2 / float(((x - x.mean()) ** 2)
+                                                                          .sum()))
+        at = fit.intercept + fit.slope * x0
+        rows.append({"size": size, "candidate": cand, "baseline": base, "points": n,
+                     "lengths": sorted({int(round(10 ** v)) for v in xs}),
+                     "slope_per_decade": fit.slope, "slope_low": fit.slope - q * fit.stderr,
+                     "slope_high": fit.slope + q * fit.stderr, "p_slope": fit.pvalue,
+                     "extrapolated_gap_at_100k": at, "extrapolation_low": at - q * se_pred,
+                     "extrapolation_high": at + q * se_pred})
+    return pd.DataFrame(rows)
+
+
+def ablation_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
+    """Each ablation against the run it varies and against dense AdamS, on the same seeds at the
+    verdict point (test split)."""
+    abl = runs[runs.kind == "ablations"]
+    rows = []
+    for name, g in abl.groupby("run", sort=True):
+        size, steps = g["size"].iloc[0], int(g["steps"].iloc[0])
+        point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)]
+        cand = [load_run(p, p) for p in g.path]
+        base_run = _ablated_run(cand[0])
+        for base_name in (base_run, "adams"):
+            base = [load_run(p, p) for p in point[point.run == base_name].path]
+            if base:
+                rows.append({"ablation": name, "against": base_name,
+                             "test_bpb": float(np.mean([np.mean(_losses(r)) / LOG2
+                                                        for r in cand])),
+                             **paired_test(base, cand, stats)})
+    return pd.DataFrame(rows)
+
+
+def _ablated_run(run: Run) -> str:
+    """The study run an ablation varies (its run config minus the ablation's name)."""
+    cfg = run.summary.config.get("run", {})
+    sparsity = round(float(cfg.get("sparsity", 0.0)) * 100)
+    return f"{cfg.get('optimizer', 'scape')}{sparsity:g}"
+
+
+def diagnostics_table(runs: pd.DataFrame, size: str, steps: int) -> pd.DataFrame:
+    """SCAPE's mask diagnostics per run (means over seeds of the means over the steps at the
+    target density) at one point, ablations included."""
+    sel = runs[(runs["size"] == size) & (runs.steps == steps) & (runs.method == "scape")]
+    rows = []
+    for name, g in sel.groupby("run", sort=True):
+        per_seed = []
+        for p in g.path:
+            recs = [r for r in load_run(p, p).metrics if "mask_kept" in r]
+            target = min((r["density"] for r in recs), default=None)
+            recs = [r for r in recs if r["density"] == target]
+            per_seed.append({k: float(np.mean([r[k] for r in recs if r.get(k) is not None]))
+                             for k in DIAGNOSTICS if any(r.get(k) is not None for r in recs)})
+        rows.append({"run": name, "seeds": len(per_seed),
+                     **{k: float(np.mean([d[k] for d in per_seed if k in d]))
+                        for k in DIAGNOSTICS if any(k in d for d in per_seed)}})
+    return pd.DataFrame(rows)
+
+
+def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfig,
+                    floors: Mapping[str, Mapping[str, Any]]) -> Any:
+    """The verdict point as :class:`~lmrepro.pipeline.analysis.AnalysisRecords` (stage
+    ``scaling``), what the claims stage reads."""
+    point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)]
+    named = {f"{size}/L{steps}/seed{r.seed}/{r.run}": r.path for r in point.itertuples()}
+    outcomes = run_comparisons(named, stats=stats, floors=floors)
+    return analysis_records(named, stage="scaling", stats=stats, outcomes=outcomes,
+                            floors=floors)
+
+
+def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfig,
+                   verdict: tuple[str, int], floors: Mapping[str, Mapping[str, Any]],
+                   corpus: str) -> dict[str, Any]:
+    """Every table of the study as CSV under ``out_dir``, ``analysis.json`` (the verdict point's
+    records) and ``scaling.json`` (tables as records); returns the tables."""
+    from lmrepro.scape import scaling_plots
+
+    out_dir = Path(out_dir)
+    runs = study_runs(stage_dir)
+    floor = floors.get(corpus)
+    tables: dict[str, pd.DataFrame] = {"runs": runs.drop(columns=["path"])}
+    gaps = gap_table(runs, stats, floor)
+    tables["gaps"] = gaps
+    tables["trend"] = trend(gaps)
+    tables["ablations"] = ablation_table(runs, stats)
+    tables["diagnostics"] = diagnostics_table(runs, *verdict)
+    sweep = stage_dir_sweep(stage_dir)
+    if sweep is not None:
+        tables["sweep"] = pd.DataFrame(sweep["rows"])
+    for name, frame in tables.items():
+        atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
+    records = verdict_records(runs, *verdict, stats, floors)
+    atomic_write_json(out_dir / "analysis.json", records.model_dump(mode="json"))
+    atomic_write_json(out_dir / "scaling.json", {
+        "verdict": {"size": verdict[0], "steps": verdict[1]}, "floor": floor,
+        "sweep": sweep, **{k: _records(v) for k, v in tables.items()}})
+    figures = scaling_plots.figures(runs, gaps, floor, verdict)
+    for name, fig in figures.items():
+        scaling_plots.save(fig, out_dir / f"{name}.png")
+    return {"tables": tables, "records": records, "figures": figures, "sweep": sweep}
+
+
+def stage_dir_sweep(stage_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(stage_dir) / "sweep" / "sweep.json"
+    return read_json(path) if path.exists() else None
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+             for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling",
+                           out_dir: str | Path = "results/analysis/scaling"
+                           ) -> dict[str, Any] | None:
+    """The ``analysis_scaling`` stage (``params``: :class:`lmrepro.pipeline.params.Params`):
+    :func:`write_analysis` of the profile's study, or None (and a note) without one."""
+    from lmrepro.pipeline.analysis import corpus_floors
+
+    study = params.scape.scaling
+    if study is None:
+        atomic_write_json(Path(out_dir) / "scaling.json",
+                          {"note": "no training-length study in this profile"})
+        return None
+    floors = corpus_floors(params.data.prepared_dir, {params.scape.corpus})
+    return write_analysis(stage_dir, out_dir, params.stats,
+                          (study.verdict_size, study.verdict_steps), floors, params.scape.corpus)
