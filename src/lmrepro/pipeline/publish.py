@@ -39,6 +39,7 @@ PATTERNS = (
     "results/analysis/*.json", "results/analysis/*.csv", "results/analysis/*.png",
     "results/analysis/*/*.json", "results/analysis/*/*.csv", "results/analysis/*/*.png",
     "results/*/runs/**/summary.json", "results/*/runs/**/eval_losses.json",
+    "results/steptime/*.json", "results/steptime/*.csv", "results/steptime/*.png",
     "reports/*.html", "reports/provenance.json",
 )
 #: a run is finished when these exist
