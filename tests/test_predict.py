@@ -170,3 +170,50 @@ def test_held_out_prediction_on_the_bench_results_is_computed() -> None:
     # holding out another link changes the fit, so the prediction is not a stored number
     other = F.calibrate(results, holdout=["100mbit"])
     assert other["models"] != cal["models"]
+
+
+def test_steptime_report_writes_its_products_and_says_when_not_calibrated(tmp_path: Path) -> None:
+    """The page's stage (notebooks/09_steptime.ipynb): every product written; without the
+    calibration run it says "not yet calibrated" and shows the development check; the paper
+    rows and the plot come from the model, with the paper's figures beside them."""
+    import shutil
+
+    from lmrepro.scape import steptime_report as R
+
+    # no benchmark result at all: not calibrated, no table
+    empty = R.load_calibration(tmp_path / "none")
+    assert empty is None and "Not yet calibrated" in R.calibration_note(empty)
+    assert R.calibration_frame(empty).empty
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    if BENCH.exists():
+        shutil.copy(BENCH, bench / R.DEVELOPMENT)
+    out = R.steptime_stage(bench, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(R.OUTPUTS)
+    if BENCH.exists():
+        assert "Not yet calibrated" in out["calibration_note"]
+        assert "development check" in out["calibration_note"]
+        assert not out["tables"]["calibration"].empty
+    head = out["tables"]["headline"]
+    assert list(head.paper_figure) == [f"{P.PAPER_STEP_SPEEDUP}x", f"{P.PAPER_WALL_SAVING:.1%}"]
+    assert head.required_gbit.iloc[0] == pytest.approx(
+        P.required_bandwidth(P.LLAMA_1_8B, P.PAPER_STEP_SPEEDUP))
+    scaling = out["tables"]["scaling"]
+    assert sorted(set(scaling.world)) == [8, 32, 128]
+    curves = out["curves"]
+    assert set(curves.density) == {0.1, 0.01} and curves.model.nunique() == 4
+    # faster networks leave SCAPE less to save (not strictly monotone: on the slowest links the
+    # mask all-gather no longer hides behind compute), and at the fastest it no longer pays
+    for _, g in curves.groupby(["model", "density"]):
+        s = g.sort_values("inter_node_gbit").speedup.to_numpy()
+        assert s[0] > 5 * s[-1] and s[-1] < 1.0
+    fig = out["figures"]["speedup_vs_bandwidth"]
+    assert len(fig.axes) == 2 and all(ax.get_xscale() == "log" for ax in fig.axes)
+    saved = json.loads((tmp_path / "out" / "predictions.json").read_text())
+    assert saved["paper_figures"]["step_speedup"] == P.PAPER_STEP_SPEEDUP
+    # with the calibration run present it is used and called calibrated
+    if BENCH.exists():
+        shutil.copy(BENCH, bench / R.CALIBRATION)
+        cal = R.load_calibration(bench)
+        assert cal is not None and cal["calibrated"]
+        assert R.calibration_note(cal).startswith("Calibrated on")

@@ -41,7 +41,8 @@ from pydantic import BaseModel, ConfigDict
 
 from lmrepro.errors import ParameterError, check
 from lmrepro.io import atomic_write_json, atomic_write_text, read_json, read_jsonl
-from lmrepro.results import (BYTE_KINDS, EVAL_LOSSES, EVAL_LOSSES_TEST, METRICS, SUMMARY, Method, RunSummary,
+from lmrepro.results import (BYTE_KINDS, EVAL_LOSSES, EVAL_LOSSES_TEST, METRICS, SUMMARY,
+                             Method, RunSummary,
                              collect_runs, read_summary)
 from lmrepro.pipeline.provenance import usable_cores as available_cores
 from lmrepro.stats import NonInferiorityResult, StatsConfig, noninferiority

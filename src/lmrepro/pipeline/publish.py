@@ -40,6 +40,9 @@ PATTERNS = (
     "results/analysis/*/*.json", "results/analysis/*/*.csv", "results/analysis/*/*.png",
     "results/*/runs/**/summary.json", "results/*/runs/**/eval_losses.json",
     "results/*/runs/**/eval_losses_test.json", "results/*/sweep/**/summary.json",
+    "results/*/sweep/sweep.json", "results/*/plan.json", "results/*/ablations/**/summary.json",
+    "results/*/ablations/**/eval_losses_test.json",
+    "results/steptime/*.json", "results/steptime/*.csv", "results/steptime/*.png",
     "reports/*.html", "reports/provenance.json",
 )
 #: a run is finished when these exist

@@ -47,7 +47,7 @@ RESULT_FILES = ("results/params.json", "results/baseline/metrics.json",
                 "results/scape/metrics.json", "results/rgc/metrics.json",
                 "results/analysis/scape/analysis.json", "results/analysis/rgc/analysis.json",
                 "results/analysis/claims.csv", "results/analysis/claims.json",
-                "results/analysis/forest.png")
+                "results/analysis/forest.png", "results/steptime/predictions.json")
 CLAIMS_CSV = "results/analysis/claims.csv"
 FOREST_PNG = "results/analysis/forest.png"
 RESOLVED_PARAMS = "results/params.json"
