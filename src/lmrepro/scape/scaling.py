@@ -21,8 +21,9 @@ seeds, clipping, weight-decay groups, schedules) at several training lengths and
 Run directories: ``<stage>/sweep/<size>/L<steps>/<run>@lr<lr>/``,
 ``<stage>/runs/<size>/L<steps>/seed<N>/<run>/`` and
 ``<stage>/ablations/<ablation>/<size>/L<steps>/seed<N>/<ablation>/``; each point directory
-stores its identity (:func:`lmrepro.results.prepare_runs_dir`), so a changed setting never reuses a run and
-an interrupted study resumes where it stopped. The analysis is :mod:`lmrepro.scape.scaling_report`.
+stores its identity (:func:`lmrepro.results.prepare_runs_dir`), so a changed setting never
+reuses a run and an interrupted study resumes where it stopped. The analysis is
+:mod:`lmrepro.scape.scaling_report`.
 """
 
 from __future__ import annotations
