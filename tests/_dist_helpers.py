@@ -112,7 +112,7 @@ def owners_by_numel(numels: list[int], world: int) -> list[int]:
 
 
 class ReferenceSCAPE:
-    """A plain single-process simulation of ``world`` SCAPE workers (DESIGN.md, "SCAPE, reference
+    """A plain single-process simulation of ``world`` SCAPE workers (docs/scape.md, "The algorithm
     algorithm (revised)", steps 1-6, with the options of the authors' code), on one flat vector
     per worker. Shares no code with lmrepro.optim.
 

@@ -1,4 +1,4 @@
-"""AdamS (arXiv 2505.16363) against the formula in DESIGN.md, written out by hand."""
+"""AdamS (arXiv 2505.16363) against the formula of arXiv 2505.16363, written out by hand."""
 
 from __future__ import annotations
 

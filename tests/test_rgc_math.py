@@ -1,4 +1,4 @@
-"""RGC math (DESIGN.md "RGC, reference design"): stage cut, horizon, consensus, config errors."""
+"""RGC math (docs/papers.md ("RGC")): stage cut, horizon, consensus, config errors."""
 
 from __future__ import annotations
 

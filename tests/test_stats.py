@@ -1,4 +1,4 @@
-"""Tests of the paired bootstrap non-inferiority test (DESIGN.md, "Non-inferiority")."""
+"""Tests of the paired bootstrap non-inferiority test (docs/statistics.md)."""
 
 from __future__ import annotations
 

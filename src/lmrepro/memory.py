@@ -1,6 +1,6 @@
 """Peak memory of a run's process tree as RSS, PSS and USS, and the size of an idle torch process.
 
-DESIGN.md asks every run for its peak memory "of the process tree as RSS, PSS and USS": RSS counts
+The RGC design asks every run for its peak memory "of the process tree as RSS, PSS and USS": RSS counts
 a shared page (the torch libraries, shared-memory activation tensors) once in every process that
 maps it, so a tree of K torch processes pays the runtime K times; PSS charges each process its
 share of every shared page (the sum over a tree counts each page once); USS counts only the pages

@@ -1,4 +1,4 @@
-"""Paired non-inferiority test on per-batch evaluation losses (DESIGN.md, "Non-inferiority").
+"""Paired non-inferiority test on per-batch evaluation losses (docs/statistics.md).
 
 The design's reference test, as implemented here (``docs/statistics.md`` states it with its
 references and reasons):
@@ -60,7 +60,7 @@ LEVELS = ("batch", "seed")
 
 
 class StatsConfig(Section):
-    """The ``stats:`` section: the non-inferiority test's settings (DESIGN.md)."""
+    """The ``stats:`` section: the non-inferiority test's settings (docs/statistics.md)."""
 
     key = "stats"
 
@@ -156,7 +156,7 @@ def noninferiority(baseline: Sequence[float] | np.ndarray,
                    groups: Sequence[Any] | np.ndarray | None = None,
                    min_groups: int = MIN_GROUPS) -> NonInferiorityResult:
     """Paired bootstrap non-inferiority test of ``candidate`` against ``baseline`` (lower loss is
-    better), DESIGN.md "Non-inferiority".
+    better), docs/statistics.md.
 
     Args:
         baseline: per-batch losses of the reference model (all finite and > 0).

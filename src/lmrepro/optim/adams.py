@@ -8,7 +8,7 @@ rebuilt every step from the *previous* first moment and the current gradient,
     p_t = p_{t-1} - lr * ( m_t / (sqrt(v_t) + eps) + wd * p_{t-1} )
 
 with no bias correction and decoupled weight decay (``lr * wd * p``), exactly as written in
-``DESIGN.md``. ``bias_correction=True`` divides as Adam does, ``m_t / (1 - b1^t)`` and
+docs/papers.md. ``bias_correction=True`` divides as Adam does, ``m_t / (1 - b1^t)`` and
 ``v_t / (1 - b2^t)`` with ``t`` the parameter's step count (the authors of SCAPE run their AdamS
 with it: ``optimizer/AdamS.py`` in GitHub ``mz687/SCAPE_SC26``); the default stays the paper's
 formula. Because ``v_t`` needs nothing but ``m_{t-1}`` and ``g_t``, a sparse-communication
@@ -55,7 +55,7 @@ def adams_second_moment(m_prev: torch.Tensor, g: torch.Tensor, beta2: float) -> 
 def bias_corrections(step: int, beta1: float, beta2: float, enabled: bool
                      ) -> tuple[float, float]:
     """``(bc1, bc2) = (1 / (1 - b1^t), 1 / sqrt(1 - b2^t))`` for step ``t >= 1`` (``(1, 1)`` when
-    disabled): the update is ``m * bc1 / (sqrt(v) * bc2 + eps)`` (DESIGN.md, SCAPE step 5)."""
+    disabled): the update is ``m * bc1 / (sqrt(v) * bc2 + eps)`` (docs/scape.md, step 5)."""
     if not enabled:
         return 1.0, 1.0
     return 1.0 / (1.0 - beta1 ** step), 1.0 / math.sqrt(1.0 - beta2 ** step)

@@ -311,7 +311,7 @@ def check_density(density: Any, name: str) -> None:
 
 def keep_count(density: float, numel: int) -> int:
     """Coordinates kept of a tensor of ``numel``: ``max(1, ceil(density * numel))``, at most
-    ``numel`` (DESIGN.md step 6). The product is rounded to 6 decimals first so that a density
+    ``numel`` (docs/scape.md, step 6). The product is rounded to 6 decimals first so that a density
     written as ``1 - 0.99`` (= 0.010000000000000009) keeps 100 of 10 000, not 101."""
     if density >= 1.0:
         return numel

@@ -67,7 +67,7 @@ SPARSE = (ROLE_SCAPE, ROLE_SCAPE_STALE_M, ROLE_TOPK, ROLE_TOPK_ADAMW)
 DATA_PARALLEL = (ROLE_ADAMW, ROLE_ADAMS, *SPARSE)
 _RGC_ROLES = {"async": ROLE_RGC_ASYNC, "sync": ROLE_RGC_SYNC}
 
-# Which candidate roles are judged against which baseline roles (DESIGN.md, "Non-inferiority":
+# Which candidate roles are judged against which baseline roles (docs/statistics.md:
 # "The same test judges SCAPE vs dense AdamW/AdamS and RGC vs global backprop").
 DEFAULT_PAIRINGS: tuple[tuple[str, str], ...] = (
     (ROLE_SCAPE, ROLE_ADAMW), (ROLE_SCAPE, ROLE_ADAMS),

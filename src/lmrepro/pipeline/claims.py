@@ -89,10 +89,10 @@ Measure = Callable[[AnalysisRecords], list[Measured]]
 
 @dataclass(frozen=True)
 class Claim:
-    """A headline claim of one of the papers (DESIGN.md, "The two papers").
+    """A headline claim of one of the papers (docs/papers.md).
 
     ``paper_figure`` and ``paper_scale`` are the paper's, quoted from ``source`` (the papers'
-    tables and figures were not available to us: DESIGN.md quotes the SCAPE abstract and a
+    tables and figures were not available to us: docs/papers.md quotes the SCAPE abstract and a
     summary of the RGC paper); ``rule`` says how ``measure``'s figure is judged; ``caveat``
     (declared with the claim) is shown with every verdict on it."""
 

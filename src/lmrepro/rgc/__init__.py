@@ -1,6 +1,6 @@
 """Bounded-horizon local training with Readout-Gradient Consensus (RGC).
 
-DESIGN.md, "RGC, reference design"; docs/rgc.md describes this implementation. Public API:
+docs/papers.md ("RGC"); docs/rgc.md describes this implementation. Public API:
 
 * :class:`RGCConfig` (one run) and :class:`RGCSuite` (the ``rgc:`` section), in
   :mod:`~lmrepro.rgc.config`;

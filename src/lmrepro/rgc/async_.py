@@ -1,4 +1,4 @@
-"""Asynchronous RGC executor: the stages on worker processes (DESIGN.md, "Executors").
+"""Asynchronous RGC executor: the stages on worker processes (docs/rgc.md).
 
 Why processes and not threads: the design measurement found no parallel speed-up from two
 Python threads and a process-global thread count; rerun on the current torch it no longer does

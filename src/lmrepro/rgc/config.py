@@ -1,4 +1,4 @@
-"""Configuration of an RGC run (DESIGN.md, "RGC, reference design").
+"""Configuration of an RGC run (docs/papers.md ("RGC")).
 
 :class:`RGCConfig` (a :class:`lmrepro.evaluation.TrainingConfig`) holds the model shape, the
 stage cut, the horizon, the optimizer, the evaluation settings and the thread budget of every

@@ -1,6 +1,6 @@
 """RGC math: cutting the model into stages, local losses, the horizon and the consensus.
 
-DESIGN.md, "RGC, reference design". The :class:`lmrepro.model.ByteTransformer` is cut into K
+docs/papers.md ("RGC"). The :class:`lmrepro.model.ByteTransformer` is cut into K
 stages of L/K blocks. Stage 0 also owns the embedding: the embedding's gradient comes from the
 losses whose horizon reaches stage 0 (with H = 1 only stage 0's own loss). Every stage reads out
 through the one shared decoder D (final LayerNorm + head):

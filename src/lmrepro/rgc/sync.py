@@ -1,5 +1,5 @@
 """Single-process executors: synchronous RGC (stages in turn) and, sharing the loop, global
-backprop (DESIGN.md, "Executors").
+backprop (docs/rgc.md).
 
 Both run in this process with ``config.single_process_threads`` intra-op threads (the same total
 core budget as the async executor), sample each step's batch from the seeded generator, split it

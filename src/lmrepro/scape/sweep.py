@@ -2,7 +2,7 @@
 
 AdamS's rebuilt second moment is smaller than Adam's where gradients are noisy, so AdamW's
 learning rate over-steps it, while sparse methods update each coordinate less often and prefer a
-larger one (DESIGN.md, "SCAPE, reference algorithm (revised)"): comparing every method at one
+larger one (docs/scape.md, "The algorithm as implemented"): comparing every method at one
 learning rate measures the learning rate, not the method. The sweep runs every run of the suite
 at every value of ``scape.sweep.lrs`` (a log-spaced grid), with the suite's settings but
 ``sweep.steps`` steps and the seed ``sweep.seed`` (one the suite does not use), and picks per run
