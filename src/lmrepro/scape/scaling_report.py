@@ -237,6 +237,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     atomic_write_json(out_dir / "scaling.json", {
         "verdict": {"size": verdict[0], "steps": verdict[1]}, "floor": floor,
         "sweep": sweep, **{k: _records(v) for k, v in tables.items()}})
+    atomic_write_text(out_dir / README_SECTION, readme_markdown(tables, sweep, verdict, floor))
     figures = scaling_plots.figures(runs, gaps, floor, verdict)
     for name, fig in figures.items():
         scaling_plots.save(fig, out_dir / f"{name}.png")
@@ -268,3 +269,69 @@ def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling
     floors = corpus_floors(params.data.prepared_dir, {params.scape.corpus})
     return write_analysis(stage_dir, out_dir, params.stats,
                           (study.verdict_size, study.verdict_steps), floors, params.scape.corpus)
+
+
+README_SECTION = "readme_section.md"
+#: where the published folder goes in the section's links (replaced by ``lmrepro publish``)
+LINK_BASE = "{published}"
+
+
+def _pct(x: Any) -> str:
+    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) \
+        else f"{100 * float(x):+.2f} %"
+
+
+def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any] | None,
+                    verdict: tuple[str, int], floor: Mapping[str, Any] | None) -> str:
+    """The README's section on the study, from its tables only (links under :data:`LINK_BASE`)."""
+    gaps, trend_t = tables["gaps"], tables["trend"]
+    lines = [f"Full report: [{LINK_BASE}/reports/11_analysis_scaling.html]"
+             f"({LINK_BASE}/reports/11_analysis_scaling.html); tables in "
+             f"[{LINK_BASE}/results/analysis/scaling/]({LINK_BASE}/results/analysis/scaling/).",
+             ""]
+    if floor is not None:
+        lines += [f"n-gram floor of the corpus (test split): bigram "
+                  f"{floor['bigram']['test']:.3f}, trigram {floor['trigram']['test']:.3f} "
+                  f"bits/byte; a verdict is testable when the dense baseline ends 10 % below "
+                  "the trigram floor.", ""]
+    if sweep is not None:
+        lines += [f"Learning rates (swept at {sweep['size']}, {sweep['steps']} steps, seed "
+                  f"{sweep['seed']}, validation split): "
+                  + ", ".join(f"{k} {v:g}" for k, v in sweep["best"].items())
+                  + (f"; on the grid's edge: {', '.join(sweep['on_edge'])}"
+                     if sweep["on_edge"] else "") + ".", ""]
+    rows = ["| size | steps | candidate | vs | seeds | dense bits/byte (test) | mean gap | "
+            "[L, U] (seed level) | verdict | testable |", "|---|---:|---|---|---:|---:|---:|---|"
+            "---|---|"]
+    for r in gaps.itertuples():
+        if r.baseline != "adams":
+            continue
+        rows.append(f"| {r.size} | {r.steps} | {r.candidate} | dense AdamS | {r.seeds} | "
+                    f"{r.baseline_test_bpb:.3f} | {_pct(getattr(r, 'mean', None))} | "
+                    f"[{_pct(getattr(r, 'lower', None))}, {_pct(getattr(r, 'upper', None))}] | "
+                    f"{getattr(r, 'verdict', '') or 'diverged'} | "
+                    f"{'yes' if r.testable else 'no'} |")
+    lines += rows + [""]
+    if len(trend_t):
+        lines += ["Trend of the gap to dense AdamS per decade of training steps (least squares on "
+                  "the per-seed gaps; 95 % intervals); the value at the paper's 100 000 steps is "
+                  "an **extrapolation** far outside the measured lengths:", "",
+                  "| size | candidate | slope per decade | extrapolated gap at 100k steps |",
+                  "|---|---|---|---|"]
+        for r in trend_t[trend_t.baseline == "adams"].itertuples():
+            lines.append(f"| {r.size} | {r.candidate} | {_pct(r.slope_per_decade)} "
+                         f"[{_pct(r.slope_low)}, {_pct(r.slope_high)}] | "
+                         f"{_pct(r.extrapolated_gap_at_100k)} [{_pct(r.extrapolation_low)}, "
+                         f"{_pct(r.extrapolation_high)}] |")
+        lines.append("")
+    abl = tables.get("ablations")
+    if abl is not None and len(abl):
+        lines += [f"Ablations at {verdict[0]}, {verdict[1]} steps (test split, seed level):", "",
+                  "| ablation | against | test bits/byte | mean | [L, U] | verdict |",
+                  "|---|---|---:|---:|---|---|"]
+        for r in abl.itertuples():
+            lines.append(f"| {r.ablation} | {r.against} | {r.test_bpb:.3f} | "
+                         f"{_pct(getattr(r, 'mean', None))} | [{_pct(getattr(r, 'lower', None))}"
+                         f", {_pct(getattr(r, 'upper', None))}] | {getattr(r, 'verdict', '')} |")
+        lines.append("")
+    return "\n".join(lines)
