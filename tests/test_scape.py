@@ -432,3 +432,63 @@ def test_missing_grad_and_mixed_devices_and_group():
         SCAPE([a, b], density=0.1)
     with pytest.raises(ParameterError, match="process_group"):
         SCAPE(make_params(SHAPES), density=0.1, process_group=object())
+
+
+# ----------------------------------------------------------------------------------------------
+# the decay-scope ablation and the mask diagnostics
+# ----------------------------------------------------------------------------------------------
+
+def test_decay_scope_mask_decays_only_the_coordinates_of_the_step():
+    """decay_scope="mask" (an ablation): a coordinate off the mask keeps its value exactly
+    (no gradient step and no decay), one on it moves; the default decays every coordinate."""
+    ps = make_params(SHAPES)
+    opt = SCAPE(grouped(ps), density=0.05, decay_scope="mask", **HP)
+    base = make_params(SHAPES)
+    dflt = SCAPE(grouped(base), density=0.05, **HP)
+    for t in range(3):
+        before = opt.master.clone()
+        set_grads(ps, rank_grads(t, 0, SHAPES))
+        set_grads(base, rank_grads(t, 0, SHAPES))
+        opt.step()
+        dflt.step()
+        moved = opt.master != before
+        on = torch.zeros_like(moved)
+        on[opt._support] = True
+        lo, hi = opt.group_bounds[0]           # the decayed group
+        assert not moved[lo:hi][~on[lo:hi]].any()
+        assert moved[lo:hi][on[lo:hi]].float().mean() > 0.9
+    lo, hi = dflt.group_bounds[0]
+    assert (dflt.master[lo:hi] != opt.master[lo:hi]).float().mean() > 0.5
+    with pytest.raises(ParameterError, match=r"SCAPE\.decay_scope = 'some'"):
+        SCAPE(make_params(SHAPES), density=0.1, decay_scope="some")
+
+
+def test_mask_diagnostics_describe_consecutive_masks():
+    """mask_kept is |M_t & M_t-1| / |M_t| over the top-k tensors; step_enter / step_stay are the
+    mean |u| of the coordinates entering / staying, read back from the step itself; a coordinate
+    re-entering with m_prev = 0 steps by about (1 - b1) / sqrt(1 - b2) before bias correction."""
+    ps = make_params(SHAPES)
+    opt = SCAPE(grouped(ps), density=0.05, bias_correction=False, **HP)
+    top = torch.zeros(opt.n, dtype=torch.bool)
+    for s in opt.slots:
+        if not s.excluded:
+            top[s.offset:s.offset + s.numel] = True
+    prev = None
+    for t in range(6):
+        set_grads(ps, rank_grads(t, 0, SHAPES))
+        before = opt.master.clone()
+        opt.step()
+        cur = torch.zeros(opt.n, dtype=torch.bool)
+        cur[opt._support] = True
+        cur &= top
+        info = opt.last_step_info
+        if prev is not None:
+            kept = (cur & prev).sum().item() / cur.sum().item()
+            assert info["mask_kept"] == pytest.approx(kept, abs=1e-6)
+            step = (before - opt.master).abs() / 0.01   # |u| (+ decay, small), lr = 0.01
+            enter = cur & ~prev
+            if enter.any():
+                assert info["step_enter"] == pytest.approx(step[enter].mean().item(), rel=0.05)
+                b1, b2 = BETAS
+                assert info["step_enter"] <= (1 - b1) / math.sqrt(1 - b2) * 1.01
+        prev = cur

@@ -135,3 +135,43 @@ def test_bad_input():
     opt = TopKEF(_inner("adams", make_params(SHAPES)), density=0.5)
     with pytest.raises(ParameterError, match=r"params\[0\].*grad"):
         opt.step()
+
+
+def test_topk_takes_the_sparse_methods_density_schedule():
+    """Top-k ramps its density down as SCAPE does (density_at): dense steps first (then it is
+    the inner optimizer on the gradient itself, with an empty residual), then linear to the
+    target, then the target, whose bytes are expected_bytes()."""
+    from lmrepro.optim import density_at
+
+    ps, qs = make_params(SHAPES), make_params(SHAPES)
+    opt = TopKEF(_inner("adams", ps), density=0.01, dense_steps=1, density_warmup_steps=4)
+    ref = _inner("adams", qs)
+    n = flat(ps).numel()
+    for t in range(7):
+        grads = rank_grads(t, 0, SHAPES)
+        for p, q, g in zip(ps, qs, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        d = density_at(t, 0.01, 1, 1.0, 4)
+        assert opt.density_of_step(t) == d
+        kept = sum(n_ if len(s) == 1 else math.ceil(round(d * n_, 6))
+                   for s in SHAPES for n_ in [math.prod(s)])
+        assert opt.last_step_info["density"] == pytest.approx(kept / n)
+        if t == 0:                          # dense: exactly the inner optimizer
+            ref.step()
+            assert torch.equal(flat(ps), flat(qs)) and not opt.residual.any()
+    assert opt.comm_stats() == opt.expected_bytes()
+    state = opt.state_dict()
+    assert state["step"] == 7
+    other = TopKEF(_inner("adams", make_params(SHAPES)), density=0.01, dense_steps=1,
+                   density_warmup_steps=4)
+    other.load_state_dict(copy.deepcopy(state))
+    assert other.density_of_step(other._step) == 0.01 and other._step == 7
+
+
+def test_topk_bad_schedule():
+    ps = make_params(SHAPES)
+    with pytest.raises(ParameterError, match=r"TopKEF\.density_warmup_steps = -1"):
+        TopKEF(_inner("adams", ps), density=0.1, density_warmup_steps=-1)
+    with pytest.raises(ParameterError, match=r"TopKEF\.density_start = 0"):
+        TopKEF(_inner("adams", ps), density=0.1, density_start=0)

@@ -180,6 +180,7 @@ def results_section(published: str | os.PathLike, link_base: str = "published/re
     commit = str(git.get("commit") or "unknown")[:12] + (" (dirty)" if git.get("dirty") else "")
     claims = pd.read_csv(claims_csv, keep_default_na=False, na_values=[""])
     counts = claims["verdict"].value_counts().to_dict()
+    stale = stale_claims(claims)
     lines = [
         f"The reference run (profile `{(prov.get('resolved_params') or {}).get('profile', '?')}`"
         f", commit `{commit}`, made {prov.get('generated_at', '?')} on "
@@ -193,9 +194,28 @@ def results_section(published: str | os.PathLike, link_base: str = "published/re
         "",
         "Verdicts: " + ", ".join(f"{k} {n}" for k, n in counts.items()) + ".",
         "",
+        *([f"**This run predates the current claim rules** ({stale}): its verdicts were "
+           "reached by the rules of its commit (no n-gram floor, the hierarchical seed "
+           "bootstrap, the old labels); rerun the reference profile and publish it to update "
+           "them.", ""] if stale else []),
         table_markdown(claims, GLANCE_COLUMNS).rstrip("\n"),
     ]
     return f"{BEGIN}\n" + "\n".join(lines) + f"\n{END}\n"
+
+
+def stale_claims(claims: Any) -> str:
+    """Why a published claims table was not made by the current claim rules ("" if it was):
+    its claim ids differ from the registry's, or it lacks a column the rules now write."""
+    from lmrepro.pipeline.claims import CLAIM_COLUMNS, registry
+
+    missing = [c for c in CLAIM_COLUMNS if c not in claims.columns]
+    ids = {c.id for c in registry()}
+    new = sorted(ids - set(claims["id"]))
+    if missing or new:
+        return "; ".join(part for part in (
+            f"columns {missing} missing" if missing else "",
+            f"claims {new} not in it" if new else "") if part)
+    return ""
 
 
 def update_readme(readme: str | os.PathLike, published: str | os.PathLike,
