@@ -41,8 +41,8 @@ def test_a_periodic_text_is_almost_free_for_the_trigram_table() -> None:
     val = np.frombuffer(b"abc" * 100, dtype=np.uint8)
     f = ngram.floors(train, val, val)
     assert f["trigram"]["val"] < 0.1 < 1.0 < 8.0
-    noise = np.random.default_rng(0).integers(0, 256, 20000).astype(np.uint8)
-    g = ngram.floors(noise, noise[:3000], noise[3000:6000])
+    noise = np.random.default_rng(0).integers(0, 256, 26000).astype(np.uint8)
+    g = ngram.floors(noise[:20000], noise[20000:23000], noise[23000:])
     assert g["bigram"]["val"] > 7.0          # uniform bytes: about 8 bits, nothing to learn
 
 
