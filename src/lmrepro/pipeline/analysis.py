@@ -315,6 +315,7 @@ class RunRecord(_Record):
     diverged_at_step: int | None = None
     final_test_bpb: float | None = None
     loss_spikes: int = 0
+    mean_density: float | None = None      # sparse methods: mean fraction sent per step
     tokens_per_s: float
     mean_step_time_s: float
     step_time_std_s: float | None
@@ -915,6 +916,7 @@ def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAUL
         runs=[RunRecord(name=r.name, role=r.role, scale=run_scale(r),
                         configuration=config_label(r),
                         final_test_bpb=r.summary.details.get("final_test_bpb"),
+                        mean_density=r.summary.details.get("mean_density"),
                         loss_spikes=loss_spikes(r.metrics),
                         **r.summary.model_dump(include=keys - {"name"}))
               for r in loaded.values()])

@@ -181,11 +181,15 @@ def spread_text(r: ResourceRecord) -> str:
     return f"step-time spread ±{r.relative_spread:.0%}"
 
 
-def noninferiority_measure(candidate: str, baseline: str, *, non_inferior: bool,
-                           sparsity: float | None = None, corpus: str | None = None) -> Measure:
+def noninferiority_measure(
+        candidate: str, baseline: str, *, non_inferior: bool, sparsity: float | None = None,
+        corpus: str | None = None,
+        extra_caveats: Callable[[ComparisonRecord, AnalysisRecords], tuple[str, ...]]
+        | None = None) -> Measure:
     """Measure of a verdict claim: each comparison of ``candidate`` against ``baseline`` (at
     ``sparsity``, on the corpus named ``corpus`` when given) is reproduced iff its verdict
-    is ``non_inferior``; the comparison's caveats come along."""
+    is ``non_inferior``; the comparison's caveats come along, and ``extra_caveats``' (a wing's
+    own facts about the comparison's runs)."""
     def measure(records: AnalysisRecords) -> list[Measured]:
         out = []
         for c in comparisons(records, candidate, baseline):
@@ -198,7 +202,9 @@ def noninferiority_measure(candidate: str, baseline: str, *, non_inferior: bool,
                                      f"{per_seed} eval batches per seed")
             out.append(Measured(c.corpus, ni_text(c), ni_value(c),
                                 c.non_inferior == non_inferior, scale,
-                                tuple(c.caveats) + untestable_caveat(c), testable=c.testable))
+                                tuple(c.caveats) + untestable_caveat(c)
+                                + (extra_caveats(c, records) if extra_caveats else ()),
+                                testable=c.testable))
         return out
     return measure
 
