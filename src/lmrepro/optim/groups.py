@@ -3,8 +3,8 @@
 Decoupled weight decay (Loshchilov & Hutter 2019) applies to matrices only: parameters with
 fewer than 2 dimensions (biases, LayerNorm/RMSNorm gains) and embedding tables are put in a group
 with ``weight_decay = 0``, as is usual for transformer language models (GPT-2/nanoGPT-style
-recipes exclude norms and biases; the SCAPE authors' convention adds the embeddings). A tied output projection is the
-embedding table, so it is not decayed either.
+recipes exclude norms and biases; we add the embeddings). A tied output projection is
+the embedding table, so it is not decayed either.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ with parameter groups and ``torch.optim.lr_scheduler``)::
     loss.backward()
     opt.step()          # collective: every rank of the group must call it, every step
 
-The algorithm is the algorithm of docs/papers.md ("SCAPE") and docs/scape.md, read from the authors' public
-Megatron-LM reducer (GitHub ``mz687/SCAPE_SC26``,
+The algorithm (docs/papers.md, "SCAPE"; docs/scape.md states it as implemented) is read from
+the authors' public Megatron-LM reducer (GitHub ``mz687/SCAPE_SC26``,
 ``megatron/core/distributed/fp8_topk_adams_reducer.py``, the ``TopKPerLayerSyncMomentumAdamS``
 ``ReducerV2`` classes; facts and formulas only, no code). Per step ``t`` (``t = 1, 2, ...`` for the
 bias correction) on worker ``i``, with ``m`` the first moment (identical on every worker, zero off
@@ -73,8 +73,8 @@ def density_at(step: int, target: float, dense_steps: int = 0, density_start: fl
     """The density of step ``step`` (0-based): 1 for the first ``dense_steps`` steps, then linear
     in density from ``density_start`` to ``target`` over ``warmup_steps`` steps, then ``target``.
 
-    Linear as our reading of the reducer says and as the authors' stored run logs show (their GPT-345M log drops the
-    density by 0.9/10 000 per step from 1); their stored code is geometric,
+    Linear as the authors' stored run logs show (their GPT-345M log drops the density by
+    0.9/10 000 per step from 1); their stored code is geometric,
     ``s (T/s)^(tau/W)`` (docs/scape.md)."""
     if step < dense_steps:
         return 1.0
