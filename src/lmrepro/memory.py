@@ -1,10 +1,10 @@
 """Peak memory of a run's process tree as RSS, PSS and USS, and the size of an idle torch process.
 
-Every RGC run reports its peak memory "of the process tree as RSS, PSS and USS": RSS
-counts a shared page (the torch libraries, shared-memory activation tensors) once in every
-process that maps it, so a tree of K torch processes pays the runtime K times; PSS charges each
-process its share of every shared page (the sum over a tree counts each page once); USS counts only the pages
-no other process maps. :class:`MemorySampler` sums the three over this process and all its
+Every RGC run reports its peak memory "of the process tree as RSS, PSS and USS": RSS counts a
+shared page (the torch libraries, shared-memory activation tensors) once in every process that
+maps it, so a tree of K torch processes pays the runtime K times; PSS charges each process its
+share of every shared page (the sum over a tree counts each page once); USS counts only the
+pages no other process maps. :class:`MemorySampler` sums the three over this process and all its
 descendants every ``interval_s`` in a background thread and keeps the maximum of each sum; the
 multiprocessing fork server and resource tracker are left out (shared plumbing that outlives a
 run, see :func:`multiprocessing_helper_pids`); their children (stage workers) still count.
