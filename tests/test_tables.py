@@ -76,3 +76,13 @@ def test_counts_in_unknown_columns_print_as_integers() -> None:
     assert shown.attrs["numeric"] == [True, True, True, False, False, True]
     html = T.table_html(df)
     assert '<td class="num">2</td>' in html and "2.00</td>" in html
+
+
+def test_a_checksum_cell_wraps_inside_its_table() -> None:
+    """01's sha256 spilled out of its table: a text cell with a word longer than LONG_WORD gets
+    the class ``long``, which the reports' CSS wraps anywhere."""
+    from lmrepro.pipeline.render import CSS
+
+    html = T.table_html(pd.DataFrame({"file": ["data/x.txt"], "sha256": ["ab" * 32]}))
+    assert '<td class="txt long">' + "ab" * 32 in html and '<td class="txt">data/x.txt' in html
+    assert "td.long{overflow-wrap:anywhere" in CSS

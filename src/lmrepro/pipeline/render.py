@@ -57,12 +57,15 @@ font-size:12.5px;table-layout:auto;width:auto;max-width:100%;margin-left:0}
 .jp-RenderedHTMLCommon .lmrepro-table table th,.jp-RenderedHTMLCommon .lmrepro-table table td{
 border:1px solid #ddd;padding:.25em .5em;vertical-align:top;white-space:normal;
 overflow-wrap:break-word;word-break:normal;max-width:30em;text-align:left}
+.jp-RenderedHTMLCommon .lmrepro-table table td.long{overflow-wrap:anywhere;
+font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:11.5px}
 .jp-RenderedHTMLCommon .lmrepro-table table th{background:#f3f3f3}
 .jp-RenderedHTMLCommon .lmrepro-table table td.num{text-align:right;white-space:nowrap}
 .lmrepro-table td.verdict-reproduced{background:#e3f4e6}
 .lmrepro-table td.verdict-not-reproduced{background:#fbe4e4}
 .lmrepro-table td.verdict-inconclusive{background:#fff4d6}
 .jp-RenderedImage img{max-width:100%;height:auto}
+.jp-OutputArea-output pre{white-space:pre-wrap;overflow-wrap:anywhere}
 """.strip()
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+LONG_WORD = 40   # a text cell with a word longer than this gets the class "long" (wraps anywhere)
 MISSING = "–"   # an empty cell: a number that does not exist (e.g. the seed-level bound of 1 seed)
 
 
@@ -236,11 +237,14 @@ def table_html(df: pd.DataFrame, columns: Columns = None, *,
                caption: str = "") -> str:
     """An HTML table of :func:`format_table` (escaped; numbers right-aligned; class
     ``lmrepro-table``, styled by the reports to wrap and fit the page; a ``verdict`` cell also
-    gets the class ``verdict-<verdict>``, e.g. ``verdict-not-reproduced``)."""
+    gets the class ``verdict-<verdict>``, e.g. ``verdict-not-reproduced``; a text cell with a
+    word longer than :data:`LONG_WORD` characters, e.g. a checksum, the class ``long``)."""
     shown = format_table(df, columns)
 
     def cls(name: str, numeric: bool, value: str) -> str:
         out = "num" if numeric else "txt"
+        if not numeric and any(len(word) > LONG_WORD for word in value.split()):
+            out += " long"        # a checksum or a path: wraps anywhere, not out of its cell
         if name == "verdict" and value:
             out += " verdict-" + "-".join(value.lower().split())
         return out
