@@ -101,18 +101,21 @@ def _y_range(curves: Sequence[np.ndarray], fixed: Sequence[float]) -> tuple[floa
 
 
 def plot_loss_curves(runs: Runs, *, title: str = "Loss curves", floors: Floors | None = None,
-                     floor_split: str = "val") -> Figure:
+                     floor_split: str = "val", prepared_dir: str | Path | None = None) -> Figure:
     """Bits per byte against the step, one panel per corpus: per group of runs (the same run
     name over seeds), the training loss (a line: the mean over seeds, a light band from the
     lowest to the highest seed), the validation evaluations (dots, every seed) and, from
     ``floors`` (``{corpus: {"bigram": bpb, "trigram": bpb}}``, :func:`ngram_floors`), the n-gram
-    floors as labelled horizontal lines. One legend entry per group, below the panels."""
+    floors as labelled horizontal lines (``prepared_dir`` instead: the floors of the runs'
+    corpora prepared there). One legend entry per group, below the panels."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     from matplotlib.transforms import blended_transform_factory
 
     df = loss_curves_frame(runs)
     corpora = sorted(df.corpus.unique()) or [""]
+    if floors is None and prepared_dir is not None:
+        floors = ngram_floors(prepared_dir, corpora, split=floor_split)
     groups = sorted(df.group.unique())
     colours = _palette(groups)
     fig = Figure(figsize=(9, 3.6 * len(corpora) + 1.3), layout="constrained")
@@ -167,6 +170,34 @@ def plot_loss_curves(runs: Runs, *, title: str = "Loss curves", floors: Floors |
     return fig
 
 
+def plot_step_series(frame: pd.DataFrame, value: str, *, title: str, ylabel: str,
+                     log: bool = False) -> Figure:
+    """A per-step series of many runs (``frame``: ``run, step, <value>``, runs labelled
+    ``.../<name>``): one line per run name (the mean over the runs sharing it, e.g. the seeds;
+    a light band from the lowest to the highest), the legend below the axes."""
+    from matplotlib.lines import Line2D
+
+    df = frame.assign(group=[str(r).rsplit("/", 1)[-1] for r in frame.run])
+    groups = sorted(df.group.unique())
+    colours = _palette(groups)
+    fig = Figure(figsize=(9, 4.6), layout="constrained")
+    ax = fig.subplots()
+    for group in groups:
+        by_step = df[df.group == group].groupby("step")[value]
+        mean = by_step.mean()
+        ax.plot(mean.index, mean.values, color=colours[group], linewidth=1.3)
+        if df[df.group == group].run.nunique() > 1:
+            ax.fill_between(mean.index, by_step.min().values, by_step.max().values,
+                            color=colours[group], alpha=0.15, linewidth=0)
+    if log:
+        ax.set_yscale("log")
+    ax.set(title=title, xlabel="step", ylabel=ylabel)
+    fig.legend(handles=[Line2D([], [], color=colours[g], linewidth=2, label=g) for g in groups],
+               loc="outside lower center", ncol=min(5, max(1, len(groups))), fontsize=8,
+               frameon=False)
+    return fig
+
+
 def plot_bytes_per_step(runs: Runs, *, log: bool = True,
                         title: str = "Bytes per step by kind") -> Figure:
     """Horizontal grouped bars: the bytes each group of runs (the same run name over seeds:
@@ -212,6 +243,39 @@ def _bytes_text(value: float) -> str:
         if value >= size:
             return f"{value / size:.3g} {unit}"
     return f"{value:.3g} B" if value else "0"
+
+
+def _byte_name(b: int) -> str:
+    names = {9: "\\t", 10: "\\n", 13: "\\r", 32: "space"}
+    if b in names:
+        return names[b]
+    return chr(b) if 33 <= b < 127 else f"0x{b:02x}"
+
+
+def plot_byte_frequencies(splits: Mapping[str, np.ndarray], *, split: str = "train",
+                          annotate: int = 6) -> Figure:
+    """One panel per corpus (``splits``: name -> its bytes): the share of each byte value, as
+    solid bars without edges (256 one-unit bars are thinner than the default white edge), the
+    ``annotate`` most frequent bytes named above their bars."""
+    n = max(1, len(splits))
+    fig = Figure(figsize=(9, 2.8 * n + 0.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(n, 1, squeeze=False)).ravel()
+    ticks = [0, 10, 32, 48, 65, 97, 127, 255]
+    for ax, (name, data) in zip(axes, splits.items(), strict=False):
+        counts = np.bincount(np.asarray(data, dtype=np.uint8), minlength=256)
+        share = counts / max(1, counts.sum())
+        ax.bar(np.arange(256), share, width=1.0, color="tab:blue", linewidth=0)
+        for b in np.argsort(share)[::-1][:annotate]:
+            if share[b] > 0:
+                ax.annotate(_byte_name(int(b)), (b, share[b]), xytext=(0, 2),
+                            textcoords="offset points", ha="center", fontsize=7.5)
+        ax.set_xlim(-1, 256)
+        ax.set_ylim(0, share.max() * 1.15 if share.max() > 0 else 1)
+        ax.set_xticks(ticks, [f"{t}\n{_byte_name(t)}" if 9 < t < 127 else str(t)
+                              for t in ticks], fontsize=8)
+        ax.set(title=f"{name}: byte frequencies ({split})", xlabel="byte value",
+               ylabel="share of bytes")
+    return fig
 
 
 def plot_bootstrap(outcomes: Sequence[ComparisonOutcome], *, ncols: int = 2) -> Figure:
