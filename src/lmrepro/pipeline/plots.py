@@ -225,6 +225,7 @@ def plot_bytes_per_step(runs: Runs, *, log: bool = True,
                        label=BYTE_KIND_LABELS[kind], color=f"C{i}")
         ax.bar_label(bars, labels=[_bytes_text(v) for v in values], padding=2, fontsize=7.5)
     ax.set_yticks(y, groups, fontsize=9)
+    ax.grid(axis="y", visible=False)        # a line between the groups, not through the bars
     ax.invert_yaxis()
     if log and not df.empty and (df.bytes_per_step > 0).any():
         ax.set_xscale("log")

@@ -65,7 +65,7 @@ font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:11.5p
 .lmrepro-table td.verdict-not-reproduced{background:#fbe4e4}
 .lmrepro-table td.verdict-inconclusive{background:#fff4d6}
 .jp-RenderedImage img{max-width:100%;height:auto}
-.jp-OutputArea-output pre{white-space:pre-wrap;overflow-wrap:anywhere}
+.jp-OutputArea-output pre{white-space:pre-wrap;overflow-wrap:break-word}
 """.strip()
 
 
