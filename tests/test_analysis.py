@@ -323,7 +323,7 @@ def test_plots_return_figures(tmp_path: Path) -> None:
 
     fig = P.plot_bytes_per_step(runs)
     assert isinstance(fig, Figure)
-    assert fig.axes[0].get_yscale() == "log"
+    assert fig.axes[0].get_xscale() == "log"
 
     outcomes = A.run_comparisons(runs, stats=STATS)
     fig = P.plot_bootstrap(outcomes)
@@ -541,3 +541,63 @@ def test_topk_instability_needs_spikes_or_divergence(tmp_path: Path) -> None:
     records = A.analysis_records(runs, stage="scape", stats=STATS)
     row = C.claims_table(records).set_index("id").loc["topk-unstable"]
     assert row.verdict == C.REPRODUCED and "1 loss spikes" in row.measured
+
+
+def test_loss_plot_draws_groups_eval_dots_and_floors(tmp_path: Path, monkeypatch) -> None:
+    """The loss plots promised evaluation dots and drew none, and 21 runs made a 21-entry legend
+    that squashed the axes: one line per group of seeds (mean, min-max band), every evaluation
+    as a dot (a run whose metrics lack its final evaluation gets the summary's), the n-gram
+    floors as labelled horizontal lines, one panel per corpus, the legend outside the axes."""
+    from matplotlib.collections import PathCollection
+
+    runs = {f"seed{s}/{n}": make_run(tmp_path / f"seed{s}", n, m, seed=s, corpus=c)
+            for s in (0, 1, 2) for n, m, c in (("a", "adamw", "x"), ("b", "adams", "x"),
+                                                ("bp", "backprop", "y"))}
+    # the RGC trainers log no evaluation at the end: the summary's final_bpb stands in
+    for s in (0, 1, 2):
+        path = runs[f"seed{s}/bp"] / "metrics.jsonl"
+        path.write_text("".join(line + "\n" for line in path.read_text().splitlines()
+                                if "eval_bpb" not in line))
+    frame = P.loss_curves_frame(runs)
+    ev = frame[frame.kind == "eval"]
+    assert len(ev) == 9 and set(ev[ev.group == "bp"].step) == {10}
+    assert (ev[ev.group == "a"].bpb == 2.5).all()
+    floors = {"x": {"bigram": 3.6, "trigram": 3.0}, "y": {"bigram": 3.2, "trigram": 2.9}}
+    fig = P.plot_loss_curves(runs, floors=floors)
+    ax_x, ax_y = fig.axes
+    assert [t.get_text() for t in ax_x.texts] == ["bigram\n3.60", "trigram\n3.00"]
+    assert {round(line.get_ydata()[0], 2) for line in ax_y.lines
+            if len(set(line.get_ydata())) == 1 and len(line.get_ydata()) == 2} == {3.2, 2.9}
+    dots = [c for c in ax_x.collections if isinstance(c, PathCollection)]
+    assert sum(len(c.get_offsets()) for c in dots) == 6            # 2 groups x 3 seeds
+    assert ax_x.get_ylim()[0] < 3.0 and ax_x.get_legend() is None   # floors in view
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:3] == ["a", "b", "bp"] and len(labels) == 7
+    assert "bigram floor (val split)" in labels and ax_x.get_ylabel() == "bits per byte"
+
+    # without floors: no floor line, no floor legend entry
+    labels = [t.get_text() for t in P.plot_loss_curves(runs).legends[0].get_texts()]
+    assert not any("floor" in t for t in labels)
+
+    # the floors of the corpora prepared under a folder; the others are left out
+    (tmp_path / "prep" / "x").mkdir(parents=True)
+    (tmp_path / "prep" / "x" / "manifest.json").write_text("{}")
+    monkeypatch.setattr("lmrepro.data.ngram.corpus_floor", lambda d: {
+        "bigram": {"val": 3.6, "test": 3.7}, "trigram": {"val": 3.0, "test": 2.9}})
+    assert P.ngram_floors(tmp_path / "prep", ["x", "y"]) == {"x": {"bigram": 3.6,
+                                                                   "trigram": 3.0}}
+    assert P.ngram_floors(tmp_path / "prep", ["x"], split="test")["x"]["trigram"] == 2.9
+
+
+def test_bytes_plot_leaves_out_a_kind_no_run_sends(tmp_path: Path) -> None:
+    runs = {f"seed{s}/{n}": make_run(tmp_path / f"seed{s}", n, m, seed=s, processes=2,
+                                     bytes_per_step={"grad_values": g, "param_values": 0.0,
+                                                     "mask": k, "total": g + k})
+            for s in (0, 1) for n, m, g, k in (("dense", "adamw", 4e6, 0.0),
+                                               ("sparse", "scape", 2e5, 2e4))}
+    fig = P.plot_bytes_per_step(runs)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["dense", "sparse"]   # seeds pooled
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["gradient values", "mask"]
+    assert ax.get_legend() is None
+    assert {"4 MB", "200 kB", "20 kB"} <= {t.get_text() for t in ax.texts}   # bars labelled

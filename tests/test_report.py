@@ -301,3 +301,14 @@ def test_the_repository_url_comes_from_citation_or_the_git_remote(project: Path)
         git(project, "remote", "set-url", "origin", str(project.parent / "elsewhere"))
         page = build(project, repo_dir=project).read_text(encoding="utf-8")
         assert "repository URL is not recorded" in page and "elsewhere}" not in page
+
+
+def test_index_fits_the_window() -> None:
+    """The published index was 1517 px wide in a 1400 px window (the checksum table's hashes and
+    the BibTeX did not wrap): long words wrap anywhere, preformatted text wraps, and nothing
+    scrolls sideways inside the page."""
+    css = R._CSS
+    assert "overflow-wrap:anywhere" in css and "white-space:pre-wrap" in css
+    assert "pre{" in css and "overflow-x:auto" not in css.split("pre{")[1].split("}")[0]
+    table = R._table(["file", "sha256"], [("a.bin", "f" * 64)])
+    assert '<td class="hash">' + "f" * 64 + "</td>" in table and "<td>a.bin</td>" in table

@@ -57,3 +57,32 @@ def test_markdown_table() -> None:
     assert T.table_markdown(df) == ("| claim | verdict | per-step speed-up (x) |\n"
                                     "| --- | --- | ---: |\n"
                                     "| a \\| b | reproduced | 3.14 |\n")
+
+
+def test_counts_in_unknown_columns_print_as_integers() -> None:
+    """The placement tables printed process and thread counts as "2.00": a column whose numbers
+    are all integers is a count; a column with a fraction keeps three figures; booleans and
+    lists are text."""
+    df = pd.DataFrame({"processes": [1, 2], "machine cores": [2.0, float("nan")],
+                       "PSS ratio": [2.0, 1.51], "oversubscribed": [False, True],
+                       "stages per process": [[[0, 1, 2, 3]], [[0, 1], [2, 3]]],
+                       "big count": [1024, 3]})
+    shown = T.format_table(df)
+    assert list(shown["processes"]) == ["1", "2"]
+    assert list(shown["machine cores"]) == ["2", T.MISSING]
+    assert list(shown["PSS ratio"]) == ["2.00", "1.51"]
+    assert list(shown["big count"]) == ["1,024", "3"]
+    assert list(shown["oversubscribed"]) == ["False", "True"]
+    assert shown.attrs["numeric"] == [True, True, True, False, False, True]
+    html = T.table_html(df)
+    assert '<td class="num">2</td>' in html and "2.00</td>" in html
+
+
+def test_a_checksum_cell_wraps_inside_its_table() -> None:
+    """01's sha256 spilled out of its table: a text cell with a word longer than LONG_WORD gets
+    the class ``long``, which the reports' CSS wraps anywhere."""
+    from lmrepro.pipeline.render import CSS
+
+    html = T.table_html(pd.DataFrame({"file": ["data/x.txt"], "sha256": ["ab" * 32]}))
+    assert '<td class="txt long">' + "ab" * 32 in html and '<td class="txt">data/x.txt' in html
+    assert "td.long{overflow-wrap:anywhere" in CSS

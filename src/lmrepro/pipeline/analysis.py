@@ -959,7 +959,9 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
     against that corpus's reference role (:data:`STAGE_REFERENCES`) and written as CSV under
     ``out_root/<stage>/``, with ``noninferiority.json`` (the stage's DVC metric),
     ``analysis.json`` (:class:`AnalysisRecords`, read by the claims stage) and the figures as PNG
-    (DVC image plots). Returns ``runs``, ``tables``, ``outcomes``, ``records`` and ``figures``.
+    (DVC image plots). The loss curves draw the n-gram floors of the corpora prepared under
+    ``prepared_dir`` when given (:func:`lmrepro.pipeline.plots.ngram_floors`). Returns ``runs``,
+    ``tables``, ``outcomes``, ``records``, ``figures`` and ``floors``.
     """
     from lmrepro.pipeline import plots
 
@@ -988,11 +990,14 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
                   "non_inferior": c.non_inferior, "pairs": c.n_pairs, "seeds": c.n_seeds}
         for c in records.comparisons})
     atomic_write_json(out_dir / "analysis.json", records.model_dump(mode="json"))
-    figures = {"loss_curves": plots.plot_loss_curves(runs, title=f"{stage}: loss curves"),
+    floors = ({} if prepared_dir is None else
+              plots.ngram_floors(prepared_dir, {r.summary.corpus for r in runs.values()}))
+    figures = {"loss_curves": plots.plot_loss_curves(runs, title=f"{stage}: loss curves",
+                                                     floors=floors),
                "bootstrap": plots.plot_bootstrap(outcomes)}
     if "communication" in frames:
         figures["bytes_per_step"] = plots.plot_bytes_per_step(runs)
     for name, fig in figures.items():
         plots.save_figure(fig, out_dir / f"{name}.png")
     return {"runs": runs, "tables": frames, "outcomes": outcomes, "records": records,
-            "figures": figures}
+            "figures": figures, "floors": floors}

@@ -5,9 +5,11 @@ global figure; :func:`save_figure` writes one as a reproducible PNG."""
 from __future__ import annotations
 
 import io
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,59 +20,262 @@ from lmrepro.pipeline.analysis import (ComparisonOutcome, ComparisonRecord, Runs
                                        load_runs)
 
 LN2 = math.log(2.0)
+log = logging.getLogger(__name__)
+
+#: the n-gram floors a loss plot draws (:mod:`lmrepro.data.ngram`): colour and dash pattern
+FLOOR_STYLES: dict[str, tuple[str, tuple]] = {"bigram": ("0.45", (0, (7, 3))),
+                                              "trigram": ("0.1", (0, (2, 2)))}
+#: readable names of the byte kinds (:data:`lmrepro.results.BYTE_KINDS`)
+BYTE_KIND_LABELS = {"grad_values": "gradient values", "param_values": "parameter values",
+                    "mask": "mask"}
+
+Floors = Mapping[str, Mapping[str, float]]
+
+
+def ngram_floors(prepared_dir: str | Path, corpora: Iterable[str], split: str = "val"
+                 ) -> dict[str, dict[str, float]]:
+    """``{corpus: {"bigram": bpb, "trigram": bpb}}``: the n-gram floors
+    (:func:`lmrepro.data.ngram.corpus_floor`, bits per byte on ``split``) of each corpus prepared
+    under ``prepared_dir``; a corpus not prepared there is left out (with a warning)."""
+    from lmrepro.data.ngram import corpus_floor
+    from lmrepro.data.prepare import MANIFEST
+
+    out: dict[str, dict[str, float]] = {}
+    for corpus in sorted(set(corpora)):
+        where = Path(prepared_dir) / corpus
+        if not (where / MANIFEST).is_file():
+            log.warning("no prepared corpus at %s: its loss plot has no n-gram floor", where)
+            continue
+        floor = corpus_floor(where)
+        out[corpus] = {name: float(floor[name][split]) for name in FLOOR_STYLES}
+    return out
 
 
 def loss_curves_frame(runs: Runs) -> pd.DataFrame:
-    """Long form ``run, step, kind, bpb`` from metrics.jsonl: ``train`` rows from ``loss`` (nats,
-    converted to bits per byte) and ``eval`` rows from ``eval_bpb``."""
+    """Long form ``run, group, corpus, seed, step, kind, bpb`` from metrics.jsonl: ``train``
+    rows from ``loss`` (nats, converted to bits per byte) and ``eval`` rows from ``eval_bpb``
+    (bits per byte on the validation split); a run whose metrics hold no evaluation at its last
+    step gets one from its summary's ``final_bpb``. ``group`` is the run's name in its suite
+    (the same for every seed)."""
     rows = []
     for run in load_runs(runs).values():
+        s = run.summary
+        key = {"run": run.name, "group": s.name, "corpus": s.corpus, "seed": s.seed}
+        eval_steps = set()
         for rec in run.metrics:
             if "step" not in rec:
                 continue
             if "eval_bpb" in rec:
-                rows.append({"run": run.name, "step": rec["step"], "kind": "eval",
+                eval_steps.add(rec["step"])
+                rows.append({**key, "step": rec["step"], "kind": "eval",
                              "bpb": float(rec["eval_bpb"])})
             if "loss" in rec:
-                rows.append({"run": run.name, "step": rec["step"], "kind": "train",
+                rows.append({**key, "step": rec["step"], "kind": "train",
                              "bpb": float(rec["loss"]) / LN2})
-    return pd.DataFrame(rows, columns=["run", "step", "kind", "bpb"])
+        if s.final_bpb is not None and not any(step >= s.steps for step in eval_steps):
+            rows.append({**key, "step": s.steps, "kind": "eval", "bpb": float(s.final_bpb)})
+    return pd.DataFrame(rows, columns=["run", "group", "corpus", "seed", "step", "kind", "bpb"])
 
 
-def plot_loss_curves(runs: Runs, *, title: str = "Loss curves") -> Figure:
-    """Training loss (line) and evaluation bits per byte (markers) per run against the step."""
+def _palette(groups: Sequence[str]) -> dict[str, Any]:
     import seaborn as sns
 
+    return dict(zip(groups, sns.color_palette("tab10" if len(groups) <= 10 else "husl",
+                                              len(groups)), strict=True))
+
+
+def _y_range(curves: Sequence[np.ndarray], fixed: Sequence[float]) -> tuple[float, float, bool]:
+    """Limits that show where the curves settle: the top is the highest value after the first
+    tenth of each curve (the early steps above it are cut); the bottom takes every curve and
+    every fixed value (dots, floors). Returns (bottom, top, whether the top cuts a curve)."""
+    tails = [c[len(c) // 10:] for c in curves if len(c)]
+    highs = [float(np.nanmax(t)) for t in tails if len(t)] + list(fixed)
+    lows = [float(np.nanmin(c)) for c in curves if len(c)] + list(fixed)
+    if not highs:
+        return 0.0, 1.0, False
+    hi, lo = max(highs), min(lows)
+    pad = 0.06 * max(hi - lo, 1e-3)
+    top = hi + pad
+    cut = any(float(np.nanmax(c)) > top for c in curves if len(c))
+    return lo - pad, top, cut
+
+
+def plot_loss_curves(runs: Runs, *, title: str = "Loss curves", floors: Floors | None = None,
+                     floor_split: str = "val", prepared_dir: str | Path | None = None) -> Figure:
+    """Bits per byte against the step, one panel per corpus: per group of runs (the same run
+    name over seeds), the training loss (a line: the mean over seeds, a light band from the
+    lowest to the highest seed), the validation evaluations (dots, every seed) and, from
+    ``floors`` (``{corpus: {"bigram": bpb, "trigram": bpb}}``, :func:`ngram_floors`), the n-gram
+    floors as labelled horizontal lines (``prepared_dir`` instead: the floors of the runs'
+    corpora prepared there). One legend entry per group, below the panels."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.transforms import blended_transform_factory
+
     df = loss_curves_frame(runs)
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    corpora = sorted(df.corpus.unique()) or [""]
+    if floors is None and prepared_dir is not None:
+        floors = ngram_floors(prepared_dir, corpora, split=floor_split)
+    groups = sorted(df.group.unique())
+    colours = _palette(groups)
+    fig = Figure(figsize=(9, 3.6 * len(corpora) + 1.3), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(corpora), 1, squeeze=False)).ravel()
+    n_seeds = 1
+    for ax, corpus in zip(axes, corpora, strict=True):
+        here = df[df.corpus == corpus]
+        curves, fixed = [], []
+        for group in groups:
+            train = here[(here.group == group) & (here.kind == "train")]
+            if not train.empty:
+                by_step = train.groupby("step").bpb
+                mean, lo, hi = by_step.mean(), by_step.min(), by_step.max()
+                n_seeds = max(n_seeds, train.seed.nunique())
+                ax.plot(mean.index, mean.values, color=colours[group], linewidth=1.3, zorder=2)
+                if train.seed.nunique() > 1:
+                    ax.fill_between(mean.index, lo.values, hi.values, color=colours[group],
+                                    alpha=0.15, linewidth=0, zorder=1)
+                curves.append(mean.to_numpy())
+            ev = here[(here.group == group) & (here.kind == "eval")]
+            if not ev.empty:
+                ax.scatter(ev.step, ev.bpb, s=30, color=colours[group], edgecolor="black",
+                           linewidth=0.6, zorder=4)
+                fixed += ev.bpb.tolist()
+        text_at = blended_transform_factory(ax.transAxes, ax.transData)
+        for name, value in (floors or {}).get(corpus, {}).items():
+            colour, dashes = FLOOR_STYLES.get(name, ("0.3", (0, (4, 2))))
+            ax.axhline(value, color=colour, linestyle=dashes, linewidth=1.3, zorder=3)
+            ax.text(1.005, value, f"{name}\n{value:.2f}", transform=text_at, fontsize=8,
+                    va="center", ha="left", color=colour)
+            fixed.append(value)
+        bottom, top, cut = _y_range(curves, fixed)
+        ax.set_ylim(bottom, top)
+        ax.set_xlabel("step" + (f"   (the y axis is cut at {top:.2f}: the first steps start "
+                                "higher)" if cut else ""))
+        ax.set_ylabel("bits per byte")
+        ax.set_title(f"{title}: {corpus}" if len(corpora) > 1 and corpus else title)
+    handles = [Line2D([], [], color=colours[g], linewidth=2, label=g) for g in groups]
+    handles.append(Line2D([], [], linestyle="", marker="o", markerfacecolor="0.6",
+                          markeredgecolor="black", label=f"evaluation ({floor_split} split)"))
+    if n_seeds > 1:
+        handles.append(Patch(color="0.6", alpha=0.3,
+                             label=f"training loss: mean of {n_seeds} seeds, band min to max"))
+    else:
+        handles.append(Line2D([], [], color="0.3", label="training loss (per batch)"))
+    if floors:
+        handles += [Line2D([], [], color=c, linestyle=d, linewidth=1.3,
+                           label=f"{name} floor ({floor_split} split)")
+                    for name, (c, d) in FLOOR_STYLES.items()]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(4, len(handles)),
+               fontsize=8, frameon=False)
+    return fig
+
+
+def plot_step_series(frame: pd.DataFrame, value: str, *, title: str, ylabel: str,
+                     log: bool = False) -> Figure:
+    """A per-step series of many runs (``frame``: ``run, step, <value>``, runs labelled
+    ``.../<name>``): one line per run name (the mean over the runs sharing it, e.g. the seeds;
+    a light band from the lowest to the highest), the legend below the axes."""
+    from matplotlib.lines import Line2D
+
+    df = frame.assign(group=[str(r).rsplit("/", 1)[-1] for r in frame.run])
+    groups = sorted(df.group.unique())
+    colours = _palette(groups)
+    fig = Figure(figsize=(9, 4.6), layout="constrained")
     ax = fig.subplots()
-    train, ev = df[df.kind == "train"], df[df.kind == "eval"]
-    if not train.empty:
-        sns.lineplot(data=train, x="step", y="bpb", hue="run", ax=ax, linewidth=1.2)
-    if not ev.empty:
-        sns.scatterplot(data=ev, x="step", y="bpb", hue="run", ax=ax, marker="o", s=30,
-                        legend=train.empty)
-    ax.set_xlabel("step")
-    ax.set_ylabel("bits per byte (train: lines, eval: dots)")
-    ax.set_title(title)
+    for group in groups:
+        by_step = df[df.group == group].groupby("step")[value]
+        mean = by_step.mean()
+        ax.plot(mean.index, mean.values, color=colours[group], linewidth=1.3)
+        if df[df.group == group].run.nunique() > 1:
+            ax.fill_between(mean.index, by_step.min().values, by_step.max().values,
+                            color=colours[group], alpha=0.15, linewidth=0)
+    if log:
+        ax.set_yscale("log")
+    ax.set(title=title, xlabel="step", ylabel=ylabel)
+    fig.legend(handles=[Line2D([], [], color=colours[g], linewidth=2, label=g) for g in groups],
+               loc="outside lower center", ncol=min(5, max(1, len(groups))), fontsize=8,
+               frameon=False)
     return fig
 
 
 def plot_bytes_per_step(runs: Runs, *, log: bool = True,
                         title: str = "Bytes per step by kind") -> Figure:
-    """Grouped bars: bytes each run's collectives move per step, by kind."""
-    import seaborn as sns
-
+    """Horizontal grouped bars: the bytes each group of runs (the same run name over seeds:
+    their mean) hands to collectives per step, by kind; a kind no run sends is left out, and
+    each bar is labelled with its size."""
     df = bytes_long(runs)
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
-    ax = fig.subplots()
+    names = {n: r for n, r in load_runs(runs).items()}
     if not df.empty:
-        sns.barplot(data=df, x="run", y="bytes_per_step", hue="kind", ax=ax)
-        if log and (df.bytes_per_step > 0).any():
-            ax.set_yscale("log")
-    ax.set_ylabel("bytes per step")
+        corpora = {names[n].summary.corpus for n in df.run}
+        df["group"] = [names[n].summary.name if len(corpora) == 1
+                       else f"{names[n].summary.corpus}/{names[n].summary.name}" for n in df.run]
+        df = df.groupby(["group", "kind"], sort=False, as_index=False).bytes_per_step.mean()
+        sent = df.groupby("kind").bytes_per_step.sum()
+        df = df[df.kind.isin(sent[sent > 0].index)]
+    groups = list(dict.fromkeys(df.group)) if not df.empty else []
+    kinds = [k for k in BYTE_KIND_LABELS if not df.empty and k in set(df.kind)]
+    fig = Figure(figsize=(9, 0.32 * max(1, len(groups)) * max(1, len(kinds)) + 1.4),
+                 layout="constrained")
+    ax = fig.subplots()
+    height = 0.8 / max(1, len(kinds))
+    y = np.arange(len(groups))
+    for i, kind in enumerate(kinds):
+        values = df[df.kind == kind].set_index("group").bytes_per_step.reindex(groups).fillna(0)
+        bars = ax.barh(y + (i - (len(kinds) - 1) / 2) * height, values.to_numpy(), height,
+                       label=BYTE_KIND_LABELS[kind], color=f"C{i}")
+        ax.bar_label(bars, labels=[_bytes_text(v) for v in values], padding=2, fontsize=7.5)
+    ax.set_yticks(y, groups, fontsize=9)
+    ax.grid(axis="y", visible=False)        # a line between the groups, not through the bars
+    ax.invert_yaxis()
+    if log and not df.empty and (df.bytes_per_step > 0).any():
+        ax.set_xscale("log")
+        low = df.bytes_per_step[df.bytes_per_step > 0].min()
+        ax.set_xlim(low / 3, df.bytes_per_step.max() * 4)     # room for the labels
+    ax.set_xlabel("bytes per step, per rank" + (" (log scale)" if log else ""))
     ax.set_title(title)
-    ax.tick_params(axis="x", labelrotation=20)
+    if kinds:
+        fig.legend(loc="outside right upper", fontsize=8, frameon=False, title="kind")
+    return fig
+
+
+def _bytes_text(value: float) -> str:
+    """``3.5 MB``, ``62 kB``, ``0``."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.3g} B" if value else "0"
+
+
+def _byte_name(b: int) -> str:
+    names = {9: "\\t", 10: "\\n", 13: "\\r", 32: "space"}
+    if b in names:
+        return names[b]
+    return chr(b) if 33 <= b < 127 else f"0x{b:02x}"
+
+
+def plot_byte_frequencies(splits: Mapping[str, np.ndarray], *, split: str = "train",
+                          annotate: int = 6) -> Figure:
+    """One panel per corpus (``splits``: name -> its bytes): the share of each byte value, as
+    solid bars without edges (256 one-unit bars are thinner than the default white edge), the
+    ``annotate`` most frequent bytes named above their bars."""
+    n = max(1, len(splits))
+    fig = Figure(figsize=(9, 2.8 * n + 0.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(n, 1, squeeze=False)).ravel()
+    ticks = [0, 10, 32, 48, 65, 97, 127, 255]
+    for ax, (name, data) in zip(axes, splits.items(), strict=False):
+        counts = np.bincount(np.asarray(data, dtype=np.uint8), minlength=256)
+        share = counts / max(1, counts.sum())
+        ax.bar(np.arange(256), share, width=1.0, color="tab:blue", linewidth=0)
+        for b in np.argsort(share)[::-1][:annotate]:
+            if share[b] > 0:
+                ax.annotate(_byte_name(int(b)), (b, share[b]), xytext=(0, 2),
+                            textcoords="offset points", ha="center", fontsize=7.5)
+        ax.set_xlim(-1, 256)
+        ax.set_ylim(0, share.max() * 1.15 if share.max() > 0 else 1)
+        ax.set_xticks(ticks, [f"{t}\n{_byte_name(t)}" if 9 < t < 127 else str(t)
+                              for t in ticks], fontsize=8)
+        ax.set(title=f"{name}: byte frequencies ({split})", xlabel="byte value",
+               ylabel="share of bytes")
     return fig
 
 

@@ -5,10 +5,10 @@
 * figures inline (PNG outputs are embedded as ``data:`` URIs by nbconvert), and no external
   script (the lab template's require.js, MathJax and Mermaid loaders are left out: the reports
   use none of them), so a saved file opened offline shows everything;
-* code input hidden: the parameter cells (``parameters``, papermill's ``injected-parameters``) and
-  cells tagged ``remove-cell`` are dropped, every other code cell shows its output only, unless
-  tagged ``show-input``; a code cell without output disappears (the code stays in the
-  ``.ipynb``);
+* code input hidden, in every report: the parameter cells (``parameters``, papermill's
+  ``injected-parameters``) and cells tagged ``remove-cell`` are dropped, every other code cell
+  shows its output only (nbconvert's ``exclude_input``), and a code cell without output
+  disappears; the code stays in the executed ``.ipynb`` beside the report;
 * a real ``<title>`` (the notebook's first heading) and a header with the links to the index and
   to the neighbouring reports, the profile, the parameter file, the git commit, the time it was
   made and how long the notebook ran (:class:`ReportHeader`);
@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 REMOVE_CELL_TAGS = frozenset({"parameters", "injected-parameters", "remove-cell"})
-SHOW_INPUT_TAG = "show-input"
 
 # extends nbconvert's "lab" template: no external scripts, our CSS, our header
 _TEMPLATE = """{%- extends 'index.html.j2' -%}
@@ -58,12 +57,15 @@ font-size:12.5px;table-layout:auto;width:auto;max-width:100%;margin-left:0}
 .jp-RenderedHTMLCommon .lmrepro-table table th,.jp-RenderedHTMLCommon .lmrepro-table table td{
 border:1px solid #ddd;padding:.25em .5em;vertical-align:top;white-space:normal;
 overflow-wrap:break-word;word-break:normal;max-width:30em;text-align:left}
+.jp-RenderedHTMLCommon .lmrepro-table table td.long{overflow-wrap:anywhere;
+font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:11.5px}
 .jp-RenderedHTMLCommon .lmrepro-table table th{background:#f3f3f3}
 .jp-RenderedHTMLCommon .lmrepro-table table td.num{text-align:right;white-space:nowrap}
 .lmrepro-table td.verdict-reproduced{background:#e3f4e6}
 .lmrepro-table td.verdict-not-reproduced{background:#fbe4e4}
 .lmrepro-table td.verdict-inconclusive{background:#fff4d6}
 .jp-RenderedImage img{max-width:100%;height:auto}
+.jp-OutputArea-output pre{white-space:pre-wrap;overflow-wrap:break-word}
 """.strip()
 
 
@@ -154,12 +156,9 @@ def prepare_for_report(nb: Any) -> Any:
     for cell in out.cells:
         tags = set(cell.get("metadata", {}).get("tags", []))
         if cell.cell_type == "code":
-            if tags & REMOVE_CELL_TAGS:
+            if tags & REMOVE_CELL_TAGS or not cell.get("outputs"):
                 continue
-            if SHOW_INPUT_TAG not in tags:
-                if not cell.get("outputs"):
-                    continue
-                cell.metadata["transient"] = {"remove_source": True}
+            cell.metadata["transient"] = {"remove_source": True}
         cells.append(cell)
     out.cells = cells
     return out
@@ -174,7 +173,7 @@ def render_report(nb: Any, header: ReportHeader) -> str:
     shown.metadata["title"] = f"{header.title} · lmrepro ({header.profile})"
     exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader(
         {"lmrepro_report.html.j2": _TEMPLATE})], template_file="lmrepro_report.html.j2",
-        exclude_input_prompt=True, exclude_output_prompt=True)
+        exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
     body, _ = exporter.from_notebook_node(shown, resources={
         "lmrepro_header": header_html(header), "lmrepro_css": CSS})
     return body

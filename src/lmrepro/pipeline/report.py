@@ -266,19 +266,23 @@ margin:2em auto;padding:0 1em;color:#1b1b1b;line-height:1.45}
 h1{font-size:1.6em;border-bottom:2px solid #ddd;padding-bottom:.3em}
 h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #eee}
 h3{font-size:1.05em}
-table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
+table{border-collapse:collapse;margin:.5em 0;font-size:.9em;max-width:100%}
 th,td{border:1px solid #ddd;padding:.25em .55em;text-align:left;vertical-align:top;
 overflow-wrap:break-word}
+td.hash{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.82em;
+overflow-wrap:anywhere;min-width:16ch}
 th{background:#f5f5f5}
 .lmrepro-table{max-width:100%;overflow-x:auto}
-.lmrepro-table td{max-width:26em}.lmrepro-table td.num{text-align:right;white-space:nowrap}
+.lmrepro-table td{max-width:26em}.lmrepro-table td.long{overflow-wrap:anywhere}
+.lmrepro-table td.num{text-align:right;white-space:nowrap}
 td[class*="verdict-"]{min-width:7.5em}
 td.verdict-reproduced{background:#e3f4e6;font-weight:600}
 td.verdict-not-reproduced{background:#fbe4e4;font-weight:600}
 td.verdict-inconclusive{background:#fff4d6;font-weight:600}
 td.verdict-not-run{color:#777}
 code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.86em}
-pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:.7em;overflow-x:auto}
+pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:.7em;white-space:pre-wrap;
+overflow-wrap:anywhere}
 details{margin:.6em 0}summary{cursor:pointer;font-weight:600}
 img.figure{max-width:100%;height:auto;border:1px solid #eee}
 .scale{font-size:1.02em;background:#f6f8fa;border-left:4px solid #8aa;padding:.5em .8em}
@@ -297,8 +301,12 @@ def _kv_table(rows: Sequence[tuple[str, Any]]) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain table; ``sha256`` cells are monospaced and wrap anywhere (the page must fit a
+    window without scrolling sideways)."""
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    cls = ["" if h != "sha256" else ' class="hash"' for h in header]
+    body = "".join("<tr>" + "".join(f"<td{k}>{_e(c)}</td>" for k, c in zip(cls, row, strict=True))
+                   + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+LONG_WORD = 40   # a text cell with a word longer than this gets the class "long" (wraps anywhere)
 MISSING = "–"   # an empty cell: a number that does not exist (e.g. the seed-level bound of 1 seed)
 
 
@@ -222,13 +223,35 @@ PRESETS: dict[str, list[str]] = {
 }
 
 
-def column(name: str) -> Column:
-    """The :class:`Column` of ``name`` (an unknown one: its name in words, three significant
-    figures for numbers)."""
+def _is_count(x: Any) -> bool:
+    """An integer number (a count): an int, or a float without a fractional part; not a bool."""
+    if isinstance(x, bool):
+        return False
+    return isinstance(x, Integral) or (isinstance(x, float) and x.is_integer())
+
+
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _plain(x: Any) -> str:
+    """An unknown column's cell: three significant figures for a number, text as is."""
+    return sig3(x) if isinstance(x, Real) and not isinstance(x, bool) else text(x)
+
+
+def column(name: str, values: Sequence[Any] | None = None) -> Column:
+    """The :class:`Column` of ``name``. An unknown one: its name in words, and its cells as
+    counts (``2``, ``1,024``) when every number of ``values`` is an integer, else three
+    significant figures (a count never reads ``2.00``); text as is, right-aligned only when
+    the column holds numbers."""
     if name in COLUMNS:
         return COLUMNS[name]
-    return Column(name.replace("_", " "), lambda x: sig3(x) if isinstance(x, Real) else text(x),
-                  True)
+    header = name.replace("_", " ")
+    present = [v for v in (values if values is not None else []) if not _missing(v)]
+    numbers = [v for v in present if isinstance(v, Real) and not isinstance(v, bool)]
+    if numbers and len(numbers) == len(present) and all(_is_count(v) for v in numbers):
+        return Column(header, lambda x: MISSING if _missing(x) else integer(x), True)
+    return Column(header, _plain, bool(numbers) or not present)
 
 
 Columns = Sequence[str] | str | None
@@ -246,8 +269,9 @@ def format_table(df: pd.DataFrame, columns: Columns = None) -> pd.DataFrame:
     missing = [c for c in names if c not in df.columns]
     if missing:
         raise KeyError(f"columns {missing} are not in the table (it has {list(df.columns)})")
-    out = pd.DataFrame({column(c).header: [column(c).format(v) for v in df[c]] for c in names})
-    out.attrs["numeric"] = [column(c).numeric for c in names]
+    cols = {c: column(c, df[c].tolist()) for c in names}
+    out = pd.DataFrame({cols[c].header: [cols[c].format(v) for v in df[c]] for c in names})
+    out.attrs["numeric"] = [cols[c].numeric for c in names]
     out.attrs["names"] = names
     return out
 
@@ -256,11 +280,14 @@ def table_html(df: pd.DataFrame, columns: Columns = None, *,
                caption: str = "") -> str:
     """An HTML table of :func:`format_table` (escaped; numbers right-aligned; class
     ``lmrepro-table``, styled by the reports to wrap and fit the page; a ``verdict`` cell also
-    gets the class ``verdict-<verdict>``, e.g. ``verdict-not-reproduced``)."""
+    gets the class ``verdict-<verdict>``, e.g. ``verdict-not-reproduced``; a text cell with a
+    word longer than :data:`LONG_WORD` characters, e.g. a checksum, the class ``long``)."""
     shown = format_table(df, columns)
 
     def cls(name: str, numeric: bool, value: str) -> str:
         out = "num" if numeric else "txt"
+        if not numeric and any(len(word) > LONG_WORD for word in value.split()):
+            out += " long"        # a checksum or a path: wraps anywhere, not out of its cell
         if name == "verdict" and value:
             out += " verdict-" + "-".join(value.lower().split())
         return out

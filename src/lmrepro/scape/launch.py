@@ -13,6 +13,7 @@ interrupted run also resumes from its last checkpoint).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -27,6 +28,8 @@ from lmrepro.model import ModelConfig
 from lmrepro.results import SUMMARY
 from lmrepro.scape.cli import worker_argv
 from lmrepro.scape.config import ScapeConfig, ScapeRun
+
+log = logging.getLogger(__name__)
 
 
 class LaunchError(RuntimeError):
@@ -107,7 +110,7 @@ def run_scape_suite(corpus_dir: str | os.PathLike, out_root: str | os.PathLike,
             t0 = time.perf_counter()
             launch_train_scape(corpus_dir, out, world_size, cfg, run, model, seed=seed,
                                corpus=corpus, timeout_s=timeout_s)
-            print(f"{run.run_name}: finished in {time.perf_counter() - t0:.1f} s -> {out}",
-                  flush=True)
+            # the terminal's log, not the report (lmrepro.pipeline.session routes logging)
+            log.info("%s: finished in %.1f s -> %s", run.run_name, time.perf_counter() - t0, out)
         dirs.append(out)
     return dirs
