@@ -301,15 +301,15 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                   + (f"; on the grid's edge: {', '.join(sweep['on_edge'])}"
                      if sweep["on_edge"] else "") + ".", ""]
     rows = ["| size | steps | candidate | vs | seeds | dense bits/byte (test) | mean gap | "
-            "[L, U] (seed level) | verdict | testable |", "|---|---:|---|---|---:|---:|---:|---|"
-            "---|---|"]
+            "[L, U] | level | verdict | testable |",
+            "|---|---:|---|---|---:|---:|---:|---|---|---|---|"]
     for r in gaps.itertuples():
         if r.baseline != "adams":
             continue
         rows.append(f"| {r.size} | {r.steps} | {r.candidate} | dense AdamS | {r.seeds} | "
                     f"{r.baseline_test_bpb:.3f} | {_pct(getattr(r, 'mean', None))} | "
                     f"[{_pct(getattr(r, 'lower', None))}, {_pct(getattr(r, 'upper', None))}] | "
-                    f"{getattr(r, 'verdict', '') or 'diverged'} | "
+                    f"{getattr(r, 'level', '')} | {getattr(r, 'verdict', '') or 'diverged'} | "
                     f"{'yes' if r.testable else 'no'} |")
     lines += rows + [""]
     if len(trend_t):
@@ -326,11 +326,11 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
         lines.append("")
     abl = tables.get("ablations")
     if abl is not None and len(abl):
-        lines += [f"Ablations at {verdict[0]}, {verdict[1]} steps (test split, seed level):", "",
-                  "| ablation | against | test bits/byte | mean | [L, U] | verdict |",
-                  "|---|---|---:|---:|---|---|"]
+        lines += [f"Ablations at {verdict[0]}, {verdict[1]} steps (test split):", "",
+                  "| ablation | against | seeds | test bits/byte | mean | [L, U] | verdict |",
+                  "|---|---|---:|---:|---:|---|---|"]
         for r in abl.itertuples():
-            lines.append(f"| {r.ablation} | {r.against} | {r.test_bpb:.3f} | "
+            lines.append(f"| {r.ablation} | {r.against} | {r.seeds} | {r.test_bpb:.3f} | "
                          f"{_pct(getattr(r, 'mean', None))} | [{_pct(getattr(r, 'lower', None))}"
                          f", {_pct(getattr(r, 'upper', None))}] | {getattr(r, 'verdict', '')} |")
         lines.append("")
