@@ -110,14 +110,6 @@ def _sum_memory(procs: list[psutil.Process]) -> tuple[Memory, bool, int]:
     return total, approximate, counted
 
 
-def tree_memory(proc: psutil.Process | None = None, exclude_pids: set[int] | None = None
-                ) -> tuple[Memory, bool]:
-    """Memory of ``proc`` (default: this process) plus every live descendant.
-    ``exclude_pids`` leaves out those processes themselves (not their descendants)."""
-    total, approximate, _ = _sum_memory(tree_processes(proc, exclude_pids))
-    return total, approximate
-
-
 class MemorySampler:
     """Context manager: ``with MemorySampler() as s: ...; s.peak`` (a :class:`Memory`).
 

@@ -164,11 +164,6 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def nats_to_bits(x: float) -> float:
-    """Convert a per-byte loss in nats to bits per byte."""
-    return x / math.log(2)
-
-
 def train_flops_per_token(cfg: ModelConfig) -> float:
     """Approximate training FLOPs per token: 6 x matmul parameters + attention
     (Kaplan et al. 2020)."""

@@ -18,12 +18,6 @@ def matmul_flops(m: int, k: int, n: int, batch: int = 1) -> float:
     return 2.0 * batch * m * k * n
 
 
-def flops_per_s(flops: float, seconds: float) -> float:
-    if seconds <= 0:
-        raise ValueError("seconds must be > 0")
-    return flops / seconds
-
-
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops_per_s: float) -> float:
     """Model FLOP utilisation: achieved model FLOP/s divided by the peak FLOP/s."""
     if peak_flops_per_s <= 0:

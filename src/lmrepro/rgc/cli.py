@@ -2,7 +2,7 @@
 
     lmrepro train-rgc --executor async --corpus-dir data/prepared/shakespeare \\
         --corpus shakespeare --out results/rgc/rgc-async --n-layers 8 --n-stages 4 \\
-        --threads-per-stage 1 1 1 1 --steps 300
+        --stages-per-worker 2 2 --threads-per-worker 1 1 --steps 300
 
 Every :class:`lmrepro.rgc.RGCConfig` field is an option (``--n-layers``, ``--horizon``, ...);
 ``--config-json`` gives them as one JSON object (options given explicitly override it).

@@ -60,7 +60,7 @@ def verdict_curves(runs: pd.DataFrame, size: str, steps: int,
             curves.append(pd.Series(loss).rolling(window, min_periods=1).mean().to_numpy())
         n = min(len(c) for c in curves)
         mean = np.mean([c[:n] for c in curves], axis=0) / LOG2
-        ax.plot(np.arange(n), mean, label=f"{name} ({len(curves)} seeds)",
+        ax.plot(np.arange(n), mean, label=f"{name} ({len(curves)} seed{'s' * (len(curves) != 1)})",
                 color=COLOURS.get(name), lw=1.2)
         ax.plot([steps], [g.val_bpb.mean()], "o", color=COLOURS.get(name), ms=5)
     if floor is not None:
