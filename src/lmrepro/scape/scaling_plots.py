@@ -40,7 +40,8 @@ def gap_vs_length(gaps: pd.DataFrame, baseline: str = "adams") -> Figure:
         ax.set_title(f"model {size}: gap to dense {baseline} (test split)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("relative difference in bits/byte (%)\nmean over seeds, bars [L, U]")
-    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    if axes[0][-1].get_legend_handles_labels()[0]:
+        axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -101,7 +102,8 @@ def diagnostics_curves(runs: pd.DataFrame, size: str, steps: int, window: int = 
     for ax in (a1, a2):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -109,7 +111,9 @@ def diagnostics_curves(runs: pd.DataFrame, size: str, steps: int, window: int = 
 def figures(runs: pd.DataFrame, gaps: pd.DataFrame, floor: Mapping[str, Any] | None,
             verdict: tuple[str, int]) -> dict[str, Figure]:
     out = {"gap_vs_length": gap_vs_length(gaps)}
-    if len(runs):
+    point = runs[(runs.kind == "runs") & (runs["size"] == verdict[0])
+                 & (runs.steps == verdict[1])] if len(runs) else runs
+    if len(point):
         out["verdict_curves"] = verdict_curves(runs, *verdict, floor)
         out["mask_diagnostics"] = diagnostics_curves(runs, *verdict)
     return out
