@@ -309,6 +309,7 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                   + ", ".join(f"{k} {v:g}" for k, v in sweep["best"].items())
                   + (f"; on the grid's edge: {', '.join(sweep['on_edge'])}"
                      if sweep["on_edge"] else "") + ".", ""]
+    lines += summary_sentences(tables, verdict)
     rows = ["| size | steps | candidate | vs | seeds | dense bits/byte (test) | mean gap | "
             "[L, U] | level | verdict | testable |",
             "|---|---:|---|---|---:|---:|---:|---|---|---|---|"]
@@ -344,3 +345,28 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                          f", {_pct(getattr(r, 'upper', None))}] | {getattr(r, 'verdict', '')} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def summary_sentences(tables: Mapping[str, pd.DataFrame], verdict: tuple[str, int]
+                      ) -> list[str]:
+    """What the study says, in sentences computed from its tables: the gap to dense AdamS at
+    the shortest and longest length of each size, and the mask diagnostics at the verdict
+    point."""
+    gaps, out = tables["gaps"], []
+    if len(gaps) and "mean" in gaps:
+        for (size, cand), g in gaps[gaps.baseline == "adams"].groupby(["size", "candidate"]):
+            g = g.dropna(subset=["mean"]).sort_values("steps")
+            if len(g) >= 2:
+                a, b = g.iloc[0], g.iloc[-1]
+                out.append(f"{cand} against dense AdamS, model {size}: {_pct(a['mean'])} at "
+                           f"{a.steps} steps, {_pct(b['mean'])} at {b.steps} steps "
+                           f"({'grows' if b['mean'] > a['mean'] else 'shrinks'} with length).")
+    diag = tables.get("diagnostics")
+    if diag is not None and len(diag) and "step_enter" in diag:
+        for r in diag.itertuples():
+            out.append(f"{r.run} at {verdict[0]}, {verdict[1]} steps: {r.mask_kept:.0%} of the "
+                       f"mask kept from one step to the next; coordinates entering it step by "
+                       f"{r.step_enter:.3f} lr on average against {r.step_stay:.3f} lr for those "
+                       f"that stayed (after {r.reentry_gap:.0f} steps out, on average).")
+    return ["What it says (computed from the tables below):", "",
+            *[f"* {x}" for x in out], ""] if out else []
