@@ -195,6 +195,8 @@ class ScalingStudy(Section):
     sweep_seed: int = Field(default=1000, ge=0, description="the sweep's seed (not a study seed)")
     ablations: list[ScalingAblation] = Field(default_factory=list)
     ablation_seeds: list[int] = Field(default_factory=list)
+    edge_check: bool = Field(default=True, description="last: train each sweep winner on the "
+                             "grid's edge one grid step beyond it (reported, not applied)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingStudy:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from lmrepro.data.stage import data_identity
-from lmrepro.io import atomic_write_json
+from lmrepro.io import atomic_write_json, read_json
 from lmrepro.model import ModelConfig
 from lmrepro.results import (SUMMARY, holds_writer_lock, prepare_runs_dir, read_summary,
                              seed_dir)
@@ -157,8 +157,45 @@ class Study:
             out.update({f"ablation/{k}": v for k, v in self._point(
                 f"ablations/{ab.name}", vsize, vsteps, [ablation_run(runs_v, ab)], settings,
                 s.ablation_seeds, {"ablation": ab.to_dict()}).items()})
+        if s.edge_check:
+            self.edge_check()
         atomic_write_json(self.stage / PLAN, {"runs": {k: str(v) for k, v in out.items()},
                                               "lrs": best})
+        return out
+
+    def edge_check(self) -> dict[str, Any] | None:
+        """After everything else: each sweep winner on the grid's edge trained once more one
+        grid step beyond it (the sweep's seed and length), to say whether the tuned lr is the
+        optimum or the grid cut it off. The study's runs keep the grid's winners; the check is
+        reported (``sweep/edge_check.json``), not applied."""
+        path = self.stage / "sweep" / "sweep.json"
+        if not path.exists():
+            return None
+        table = read_json(path)
+        s, steps = self.study, table["steps"]
+        by_run = {r.run_name: r for r in s.runs[s.verdict_size]}
+        beyond = []
+        for name in table["on_edge"]:
+            lrs = sorted(x["lr"] for x in table["rows"] if x["run"] == name)
+            best, ratio = table["best"][name], lrs[1] / lrs[0]
+            lr = float(f"{best * ratio:.3g}" if best >= lrs[-1] else f"{best / ratio:.3g}")
+            beyond.append(by_run[name].replace(name=f"{name}@lr{lr:.3g}", lr=lr))
+        rows = []
+        if beyond:
+            dirs = self._point("sweep-edge", s.verdict_size, steps, beyond,
+                               self.settings(steps), [s.sweep_seed])
+            where = f"{s.verdict_size}/L{steps}/{seed_dir(s.sweep_seed)}"
+            for at in beyond:
+                name = at.run_name.split("@")[0]
+                grid_bpb = next(x["final_bpb"] for x in table["rows"]
+                                if x["run"] == name and x["lr"] == table["best"][name])
+                got = _finished(dirs[f"{where}/{at.run_name}"])
+                rows.append({"run": name, "grid_lr": table["best"][name], "grid_bpb": grid_bpb,
+                             "beyond_lr": at.lr, **{f"beyond_{k}": v for k, v in got.items()},
+                             "beyond_is_better": got["final_bpb"] is not None
+                             and got["final_bpb"] < grid_bpb})
+        out = {"size": table["size"], "steps": steps, "seed": table["seed"], "rows": rows}
+        atomic_write_json(self.stage / "sweep" / "edge_check.json", out)
         return out
 
 

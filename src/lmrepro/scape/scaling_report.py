@@ -236,6 +236,9 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     sweep = stage_dir_sweep(stage_dir)
     if sweep is not None:
         tables["sweep"] = pd.DataFrame(sweep["rows"])
+    edge = Path(stage_dir) / "sweep" / "edge_check.json"
+    if edge.exists():
+        tables["edge_check"] = pd.DataFrame(read_json(edge)["rows"])
     for name, frame in tables.items():
         atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
     point = runs[(runs.kind == "runs") & (runs["size"] == verdict[0])
@@ -309,6 +312,17 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                   + ", ".join(f"{k} {v:g}" for k, v in sweep["best"].items())
                   + (f"; on the grid's edge: {', '.join(sweep['on_edge'])}"
                      if sweep["on_edge"] else "") + ".", ""]
+    edge = tables.get("edge_check")
+    if edge is not None and len(edge):
+        lines += ["One grid step beyond each edge winner (same seed and length, validation "
+                  "split; reported, not applied): " + "; ".join(
+                      f"{r.run} at lr {r.beyond_lr:g}: "
+                      + (f"{r.beyond_final_bpb:.3f} against {r.grid_bpb:.3f} at {r.grid_lr:g}"
+                         if r.beyond_final_bpb is not None and math.isfinite(r.beyond_final_bpb)
+                         else "diverged")
+                      + (" (better: the optimum lies beyond the grid)" if r.beyond_is_better
+                         else " (worse: the grid's winner stands)")
+                      for r in edge.itertuples()) + ".", ""]
     lines += summary_sentences(tables, verdict)
     rows = ["| size | steps | candidate | vs | seeds | dense bits/byte (test) | mean gap | "
             "[L, U] | level | verdict | testable |",
