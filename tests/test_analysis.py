@@ -24,6 +24,7 @@ from lmrepro.errors import ParameterError
 from lmrepro.io import read_json
 from lmrepro.pipeline import analysis as A
 from lmrepro.pipeline import claims as C
+from lmrepro.pipeline import comparisons
 from lmrepro.pipeline import plots as P
 from lmrepro.results import Method
 from lmrepro.stats import StatsConfig, noninferiority
@@ -293,7 +294,7 @@ def test_analysis_stage_and_claims_stage(tmp_path: Path, monkeypatch: pytest.Mon
         raise AssertionError("the claims stage must not rerun the bootstrap")
 
     monkeypatch.setattr(lmrepro.stats, "noninferiority", no_bootstrap)
-    monkeypatch.setattr(A, "noninferiority", no_bootstrap)
+    monkeypatch.setattr(comparisons, "noninferiority", no_bootstrap)   # run_comparisons' call
     table = C.claims_stage(out, out).set_index("id")
     assert table.equals(C.claims_table(C.merge_records({"scape": saved})).set_index("id"))
     # configurations, not run names, in the text (the runs were renamed): mean step times 0.4

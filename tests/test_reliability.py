@@ -4,7 +4,7 @@ disk and damaged files reported clearly, and strict parameter files.
 
 Faults are real wherever the machine allows: processes are SIGKILLed (``os.kill``), the disk is a
 256 KiB tmpfs, checkpoints are truncated on disk. Kills at a named place of a run's end use the
-``LMREPRO_FAULT_AT`` hook (:func:`lmrepro.lifetime.fault_point`), which SIGKILLs the process there.
+``LMREPRO_FAULT_AT`` fault points (:func:`lmrepro.lifetime.fault_point`), SIGKILL by default.
 """
 
 from __future__ import annotations
@@ -417,6 +417,56 @@ def test_scratch_directory_of_a_killed_process_is_removed_by_the_next(tmp_path):
         assert not left.exists() and mine.is_dir()
         assert sweep_scratch("test", tmp_path) == []   # a live one (ours) is kept
     assert not mine.exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# fault points: the one way a test injects a fault, off unless armed
+# ------------------------------------------------------------------------------------------------
+
+FAULT = "from lmrepro.lifetime import fault_point; fault_point('here'); print('passed')"
+
+
+@pytest.mark.parametrize("spec, returncode, out", [
+    (None, 0, "passed"), ("elsewhere", 0, "passed"), ("here", -signal.SIGKILL, ""),
+    ("here=kill", -signal.SIGKILL, ""), ("here=exit", 3, ""), ("here=raise", 1, ""),
+])
+def test_a_fault_point_acts_only_when_a_test_arms_it(spec, returncode, out):
+    environ = {k: v for k, v in env().items() if k != FAULT_ENV}
+    if spec is not None:
+        environ[FAULT_ENV] = spec
+    proc = subprocess.run([PY, "-c", FAULT], env=environ, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == returncode and proc.stdout.strip() == out, proc.stderr
+    if spec == "here=raise":
+        assert "InjectedFault: injected fault at here" in proc.stderr
+
+
+def test_fault_points_are_parsed_and_flag_points_ignore_the_action(monkeypatch):
+    from lmrepro.lifetime import armed_fault, fault_armed, fault_point
+
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    assert armed_fault() is None and not fault_armed("scape-nan-loss@3:rank0")
+    fault_point("anything")                                         # unarmed: nothing happens
+    monkeypatch.setenv(FAULT_ENV, "scape-nan-loss@3:rank0")
+    assert armed_fault() == ("scape-nan-loss@3:rank0", "kill") and fault_armed(
+        "scape-nan-loss@3:rank0") and not fault_armed("scape-nan-loss@3:rank1")
+    monkeypatch.setenv(FAULT_ENV, "rgc-stage2-backward@1=hang")
+    assert armed_fault() == ("rgc-stage2-backward@1", "hang")
+    monkeypatch.setenv(FAULT_ENV, "replace:a=b.json")               # "=" in a point's name
+    assert armed_fault() == ("replace:a=b.json", "kill")
+
+
+def test_no_other_fault_mechanism_in_the_package():
+    """Only :mod:`lmrepro.lifetime` reads the fault variable; no public function takes a
+    ``fault`` argument."""
+    import inspect
+
+    from lmrepro.rgc import train
+
+    readers = [p.relative_to(ROOT).as_posix() for p in (ROOT / "src" / "lmrepro").rglob("*.py")
+               if "LMREPRO_FAULT" in p.read_text(encoding="utf-8")]
+    assert readers == ["src/lmrepro/lifetime.py"]
+    assert "fault" not in inspect.signature(train).parameters
 
 
 # ------------------------------------------------------------------------------------------------

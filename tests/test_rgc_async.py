@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from lmrepro.lifetime import FAULT_ENV
 from lmrepro.memory import multiprocessing_helper_pids
 from lmrepro.model import lm_loss
 from lmrepro.results import latest_checkpoint, read_run
@@ -168,35 +169,39 @@ def test_memory_counts_every_worker_and_no_multiprocessing_helper() -> None:
     assert 0 < runtimes["pss"] < s["peak_pss_bytes"] and runtimes["rss"] > 50 * 2**20
 
 
-@pytest.mark.parametrize("kind, needle", [
-    ("raise-backward", "injected fault in stage 2 at step 1 (backward)"),
-    ("exit-backward", "worker 1 (stages [2, 3]) exited with code 3"),
-    ("hang-backward", "made no progress"),
+@pytest.mark.parametrize("action, needle", [
+    ("raise", "injected fault at rgc-stage2-backward@1"),
+    ("exit", "worker 1 (stages [2, 3]) exited with code 3"),
+    ("hang", "made no progress"),
 ])
-def test_failing_stage_in_the_backward_path_is_named(kind: str, needle: str) -> None:
+def test_failing_stage_in_the_backward_path_is_named(action: str, needle: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Stage 2 (first stage of worker 1) fails while backpropagating the gradient stage 3 sent
     it; stage 1 (worker 0) waits for that gradient. The run fails within the timeout and names
     stage 2."""
+    monkeypatch.setenv(FAULT_ENV, f"rgc-stage2-backward@1={action}")
     t0 = time.monotonic()
     with pytest.raises(StageWorkerError) as ei:
         train(four(horizon=2, stages_per_worker=[2, 2], worker_timeout_s=6.0), "async", TRAIN,
-              VAL, fault=(2, 1, kind))
+              VAL)
     assert ei.value.stage == 2 and ei.value.worker == 1
     assert "stage 2 failed (worker 1)" in str(ei.value) and needle in str(ei.value)
-    if kind == "hang-backward":
+    if action == "hang":
         assert "gradient from stage 2" in str(ei.value)
     assert time.monotonic() - t0 < 30
 
 
 @pytest.mark.parametrize("kind, stage, needle", [
-    ("raise", 1, "injected fault in stage 1 at step 1"),
+    ("raise", 1, "injected fault at rgc-stage1@1"),
     ("exit", 0, "exited with code 3"),
 ])
-def test_crashing_stage_stops_the_run_with_its_traceback(kind: str, stage: int, needle: str
+def test_crashing_stage_stops_the_run_with_its_traceback(kind: str, stage: int, needle: str,
+                                                         monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
+    monkeypatch.setenv(FAULT_ENV, f"rgc-stage{stage}@1={kind}")
     t0 = time.monotonic()
     with pytest.raises(StageWorkerError) as ei:
-        train(cfg(steps=4), "async", TRAIN, VAL, fault=(stage, 1, kind))
+        train(cfg(steps=4), "async", TRAIN, VAL)
     assert ei.value.stage == stage
     assert f"stage {stage} failed" in str(ei.value) and needle in str(ei.value)
     if kind == "raise":
@@ -204,22 +209,24 @@ def test_crashing_stage_stops_the_run_with_its_traceback(kind: str, stage: int, 
     assert time.monotonic() - t0 < 50  # no hang: well under the 60 s worker timeout
 
 
-def test_hanging_stage_times_out_instead_of_hanging() -> None:
+def test_hanging_stage_times_out_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stage 0 stops producing: stage 1's queue get gives up after worker_timeout_s, and the
     error names the stage that hung (0), not the one that reported it (1)."""
+    monkeypatch.setenv(FAULT_ENV, "rgc-stage0@1=hang")
     t0 = time.monotonic()
     with pytest.raises(StageWorkerError) as ei:
-        train(cfg(steps=4, worker_timeout_s=8.0), "async", TRAIN, VAL, fault=(0, 1, "hang"))
+        train(cfg(steps=4, worker_timeout_s=8.0), "async", TRAIN, VAL)
     assert ei.value.stage == 0
     assert "WaitTimeout" in str(ei.value) and "from stage 0" in str(ei.value)
     assert "stage 0 (worker 0) made no progress" in str(ei.value)
     assert time.monotonic() - t0 < 40
 
 
-def test_the_first_timeout_of_a_chain_blames_the_stage_at_its_end() -> None:
+def test_the_first_timeout_of_a_chain_blames_the_stage_at_its_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """4 workers, stage 3 hangs in its backward phase: stages 0, 1 and 2 all wait (0 on 1, 1 on
     2, 2 on 3) and stage 0, which waited longest, times out first; the error names stage 3."""
+    monkeypatch.setenv(FAULT_ENV, "rgc-stage3-backward@1=hang")
     with pytest.raises(StageWorkerError) as ei:
-        train(four(horizon=2, worker_timeout_s=6.0), "async", TRAIN, VAL,
-              fault=(3, 1, "hang-backward"))
+        train(four(horizon=2, worker_timeout_s=6.0), "async", TRAIN, VAL)
     assert ei.value.stage == 3 and "stage 3 (worker 3) made no progress" in str(ei.value)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from lmrepro.errors import ParameterError
+from lmrepro.lifetime import FAULT_ENV
 from lmrepro.results import latest_checkpoint, read_run
 from lmrepro.rgc import RGCConfig, train
 from lmrepro.rgc.stage import run_executors
@@ -144,7 +145,7 @@ def test_run_suite_skips_finished_runs(tmp_path: Path) -> None:
     assert again["sync"] == out["sync"]
 
 
-def test_bad_inputs_are_clear_errors() -> None:
+def test_bad_inputs_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ParameterError, match="executor"):
         train(cfg(), "pipeline", TRAIN, VAL)
     with pytest.raises(ParameterError, match="train_data"):
@@ -152,10 +153,16 @@ def test_bad_inputs_are_clear_errors() -> None:
     # a horizon outside [1, K] (K = 2 here) is refused before anything runs
     with pytest.raises(ParameterError, match=r"rgc.horizon = 3: must be an integer in \[1, "):
         train(cfg(horizon=3), "async", TRAIN, VAL)
+    # a test's fault point that cannot fire is refused too
+    monkeypatch.setenv(FAULT_ENV, "rgc-stage0-backward@1=raise")  # H = 1: no backward
     with pytest.raises(ParameterError, match="fault"):
-        train(cfg(), "async", TRAIN, VAL, fault=(0, 1, "raise-backward"))  # H = 1: no backward
+        train(cfg(), "async", TRAIN, VAL)
+    monkeypatch.setenv(FAULT_ENV, "rgc-stage2@1=raise")  # no stage 2
     with pytest.raises(ParameterError, match="fault"):
-        train(cfg(), "async", TRAIN, VAL, fault=(2, 1, "raise"))  # no stage 2
+        train(cfg(), "async", TRAIN, VAL)
+    monkeypatch.setenv(FAULT_ENV, "rgc-stage0@1=raise")  # the sync executor has none
+    with pytest.raises(ParameterError, match="fault"):
+        train(cfg(), "sync", TRAIN, VAL)
 
 
 def test_cli_train_rgc(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

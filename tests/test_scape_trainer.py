@@ -12,6 +12,7 @@ import torch
 from _dist_helpers import run_workers, write_tiny_corpus
 from lmrepro.errors import ParameterError
 from lmrepro.io import read_json, read_jsonl, torch_load
+from lmrepro.lifetime import FAULT_ENV
 from lmrepro.results import read_run
 
 TINY = {"n_layers": 2, "d_model": 32, "n_heads": 2, "context": 32}
@@ -88,11 +89,11 @@ def test_single_process_run_layout(corpus, tmp_path, monkeypatch, optimizer, spa
 def test_divergence_is_recorded_not_raised(corpus, tmp_path, monkeypatch):
     """A non-finite loss stops the run where it happens: the summary says so (no final_bpb), the
     step before is the last logged, and train() returns normally so a suite goes on."""
-    from lmrepro.scape.trainer import NAN_ENV, train
+    from lmrepro.scape.trainer import train
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv(NAN_ENV, "3:0")
+    monkeypatch.setenv(FAULT_ENV, "scape-nan-loss@3:rank0")
     out = train(*_run(corpus, tmp_path / "run", "scape", 0.9, steps=6))
     s = read_json(out / "summary.json")
     assert s["diverged_at_step"] == 3 and s["final_bpb"] is None
@@ -144,7 +145,7 @@ def test_kill_worker_then_resume_is_bit_identical(corpus, tmp_path):
 
     t0 = time.monotonic()
     killed = launch_train_scape(corpus, tmp_path / "killed", 2, *args, seed=SEED, timeout_s=100,
-                                env={"LMREPRO_FAULT_KILL_AT": "7:1"}, check_exit=False)
+                                env={FAULT_ENV: "scape-step@7:rank1"}, check_exit=False)
     assert time.monotonic() - t0 < 60
     assert not (killed / "summary.json").exists()
     assert read_json(killed / "checkpoints" / "latest.json")["step"] == 4
@@ -263,7 +264,7 @@ def test_divergence_on_one_rank_under_torchrun(corpus, tmp_path):
 
     cfg, run, model, _ = _run(corpus, tmp_path, "topk", 0.99, steps=8)
     out = launch_train_scape(corpus, tmp_path / "div", 2, cfg, run, model, seed=SEED,
-                             timeout_s=100, env={"LMREPRO_FAULT_NAN_AT": "5:1"})
+                             timeout_s=100, env={FAULT_ENV: "scape-nan-loss@5:rank1"})
     s = read_json(out / "summary.json")
     assert s["diverged_at_step"] == 5 and s["final_bpb"] is None and s["processes"] == 2
 

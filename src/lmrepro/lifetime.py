@@ -50,8 +50,8 @@ exec wrapper. Even if a link failed, the run-directory lock (:mod:`lmrepro.resul
 second writer with a message naming the PID of the first.
 
 Also here: :func:`scratch_dir`, a temporary directory that lives as long as its process (a
-SIGKILLed process's directory is removed by the next one), and :func:`fault_point`, the named
-places where the reliability tests kill a run (``LMREPRO_FAULT_AT``).
+SIGKILLed process's directory is removed by the next one), and the fault points: the one way a
+test injects a fault into a run (:func:`fault_point`, :func:`fault_armed`; ``LMREPRO_FAULT_AT``).
 """
 
 from __future__ import annotations
@@ -71,6 +71,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 FAULT_ENV = "LMREPRO_FAULT_AT"
+#: what an armed fault point does (``POINT=ACTION`` in :data:`FAULT_ENV`; ``POINT`` alone: kill)
+FAULT_ACTIONS = ("kill", "exit", "raise", "hang")
+FAULT_EXIT_CODE = 3     # the exit status of a fault point armed with "exit"
+HANG_S = 600.0          # how long a fault point armed with "hang" sleeps (then it raises)
 #: the PID of ``lmrepro notebook``, set in the environment of the kernel it starts
 RUNNER_PID_ENV = "LMREPRO_RUNNER_PID"
 PR_SET_PDEATHSIG = 1
@@ -79,17 +83,70 @@ HARD_EXIT_S = 10.0      # after SIGTERM: clean-up gets this long, then the proce
 
 
 # ------------------------------------------------------------------------------------------------
-# test hook
+# fault points: the tests' one way to inject a fault (off unless a test sets LMREPRO_FAULT_AT)
 # ------------------------------------------------------------------------------------------------
 
-def fault_point(name: str) -> None:
-    """SIGKILL this process here when ``$LMREPRO_FAULT_AT`` equals ``name`` (tests only).
+class InjectedFault(RuntimeError):
+    """Raised by a fault point armed with the action ``raise``."""
 
-    Points: ``replace:<file name>`` (an atomic write, new file complete but not yet renamed),
+
+def armed_fault() -> tuple[str, str] | None:
+    """The fault point a test armed and its action, from ``$LMREPRO_FAULT_AT`` (``POINT`` or
+    ``POINT=ACTION``, ACTION in :data:`FAULT_ACTIONS`, default ``kill``); None when unset."""
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return None
+    point, sep, action = spec.rpartition("=")
+    if sep and point and action in FAULT_ACTIONS:
+        return point, action
+    return spec, "kill"
+
+
+def fault_armed(name: str) -> bool:
+    """Whether the fault point ``name`` is armed: for the points whose fault is a wrong value
+    the caller makes itself (``scape-nan-loss@<step>:rank<r>``: a NaN loss); the action is
+    ignored."""
+    armed = armed_fault()
+    return armed is not None and armed[0] == name
+
+
+def fault_point(name: str, hang_s: float = HANG_S) -> None:
+    """Fail here when ``$LMREPRO_FAULT_AT`` arms ``name`` (tests only; nothing otherwise).
+
+    Actions: ``kill`` (SIGKILL this process, the default), ``exit`` (``os._exit(3)``, no clean-up),
+    ``raise`` (:class:`InjectedFault`), ``hang`` (sleep ``hang_s``, then raise). Points:
+    ``replace:<file name>`` (an atomic write, new file complete but not yet renamed),
     ``checkpoint-published@<step>`` (right after a checkpoint became the latest), ``evaluate``
-    (after the first batch of an evaluation)."""
-    if os.environ.get(FAULT_ENV) == name:
+    (after the first batch of an evaluation), ``scape-step@<step>:rank<r>`` (a SCAPE rank before
+    a step), ``rgc-stage<k>@<step>`` and ``rgc-stage<k>-backward@<step>`` (an RGC async stage at
+    the start of a step, before its backward). The environment reaches torchrun's workers as it
+    is; an RGC async run hands it to its stage workers (:func:`fault_spec`)."""
+    armed = armed_fault()
+    if armed is None or armed[0] != name:
+        return
+    action = armed[1]
+    if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+        return
+    if action == "exit":
+        os._exit(FAULT_EXIT_CODE)
+    if action == "hang":
+        time.sleep(hang_s)
+    raise InjectedFault(f"injected fault at {name}")
+
+
+def fault_spec() -> str | None:
+    """``$LMREPRO_FAULT_AT`` as it is now, for a process that does not inherit this one's
+    environment (a fork server started earlier); pass it to :func:`set_fault_spec` there."""
+    return os.environ.get(FAULT_ENV)
+
+
+def set_fault_spec(spec: str | None) -> None:
+    """Arm ``spec`` (from :func:`fault_spec`) in this process, or disarm every point (None)."""
+    if spec:
+        os.environ[FAULT_ENV] = spec
+    else:
+        os.environ.pop(FAULT_ENV, None)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ A :class:`Claim` is declared once, in its paper's wing (:mod:`lmrepro.scape.clai
 :mod:`lmrepro.rgc.claims`): its text, the paper's figure and scale (quoted, with their source),
 the rule our measurement is judged by, a caveat that weakens any verdict on it, and the function
 that measures it from the analysis stages' records
-(:class:`~lmrepro.pipeline.analysis.AnalysisRecords`). The claims stage only reads those records:
+(:class:`~lmrepro.pipeline.records.AnalysisRecords`). The claims stage only reads those records:
 no run directory is opened and no bootstrap is recomputed here.
 
 Verdicts. A measured claim is ``reproduced`` (our figure agrees with the paper's within the
@@ -31,8 +31,9 @@ import pandas as pd
 
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_json, atomic_write_text
-from lmrepro.pipeline.analysis import (DEFAULT_STATS, AnalysisRecords, ComparisonRecord,
-                                       ResourceRecord, read_analysis)
+from lmrepro.pipeline.comparisons import DEFAULT_STATS
+from lmrepro.pipeline.records import (AnalysisRecords, ComparisonRecord, ResourceRecord,
+                                      read_analysis)
 
 STAGES = ("scape", "rgc", "scaling")
 REPRODUCED = "reproduced"
@@ -63,7 +64,7 @@ class Measured:
     measured: str        # the figure, in words
     value: float         # the number behind it: a fraction or a ratio (nan when diverged)
     reproduced: bool | None
-    scale: str           # our scale (:func:`lmrepro.pipeline.analysis.run_scale`)
+    scale: str           # our scale (:func:`lmrepro.pipeline.runs.run_scale`)
     caveats: tuple[str, ...] = ()
     kind: str = "measured"   # or PREDICTED: a model's figure at the paper's scale
     testable: bool = True    # False: the models did not learn enough for a quality verdict

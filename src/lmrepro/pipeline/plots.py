@@ -16,8 +16,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lmrepro.io import atomic_write_bytes
-from lmrepro.pipeline.analysis import (ComparisonOutcome, ComparisonRecord, Runs, bytes_long,
-                                       load_runs)
+from lmrepro.pipeline.comparisons import ComparisonOutcome
+from lmrepro.pipeline.records import ComparisonRecord
+from lmrepro.pipeline.resources import bytes_long
+from lmrepro.pipeline.runs import Runs, load_runs
 
 LN2 = math.log(2.0)
 log = logging.getLogger(__name__)

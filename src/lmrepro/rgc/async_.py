@@ -58,7 +58,8 @@ from lmrepro.data.batches import sample_batch
 from lmrepro.distributed import free_port
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
-from lmrepro.lifetime import die_with_multiprocessing_parent
+from lmrepro.lifetime import (die_with_multiprocessing_parent, fault_point, fault_spec,
+                              set_fault_spec)
 from lmrepro.memory import Memory, MemorySampler
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import grads_to_flat
@@ -66,14 +67,13 @@ from lmrepro.results import holds_writer_lock
 from lmrepro.rgc.common import (Clock, ConsensusQueue, Recorder, TrainResult, batch_generator,
                                 build_model, evaluate, load_state, lr_at, make_adamw,
                                 make_summary, micro_batches, run_identity, save_state, set_lr,
-                                state_from_bytes, state_to_bytes)
+                                stage_fault_point, state_from_bytes, state_to_bytes)
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.stages import (decoder_parameters, merge_gradients, readout_backward, run_stage,
                                 stage_backward, stage_bounds, stage_parameter_names,
                                 stage_parameters, window_bottom)
 
 POLL_S = 0.5
-FAULT_KINDS = ("raise", "exit", "hang", "raise-backward", "exit-backward", "hang-backward")
 
 
 class StageWorkerError(RuntimeError):
@@ -277,31 +277,23 @@ class WorkerStages:
         self._done.clear()
 
 
-def _inject(fault: tuple[int, int, str] | None, stages: list[int], step: int, phase: str,
-            timeout_s: float) -> None:
-    """Fail as ``fault = (stage, step, kind)`` asks when one of ``stages`` reaches it."""
-    if fault is None or fault[0] not in stages or fault[1] != step:
-        return
-    kind = fault[2]
-    if phase == "backward" and not kind.endswith("-backward"):
-        return
-    if phase == "start" and kind.endswith("-backward"):
-        return
-    if kind.startswith("exit"):
-        os._exit(3)
-    if kind.startswith("hang"):
-        time.sleep(10 * timeout_s)
-    where = " (backward)" if phase == "backward" else ""
-    raise RuntimeError(f"injected fault in stage {fault[0]} at step {step}{where}")
+def _fault_points(stages: list[int], step: int, timeout_s: float, backward: bool = False
+                  ) -> None:
+    """The fault points of ``stages`` at ``step`` (tests only: :func:`stage_fault_point`); a
+    hang lasts ten timeouts, long enough for the others to notice."""
+    for k in stages:
+        fault_point(stage_fault_point(k, step, backward), hang_s=10 * timeout_s)
 
 
 def _stage_worker(w: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | None,
                   stop_step: int, train_data: np.ndarray | None, queues: dict[str, Any],
                   results: Any, stop: Any, finish: Any, go: Any, status: Any,
-                  fault: tuple[int, int, str] | None) -> None:
+                  faults: str | None) -> None:
     """Body of worker ``w``'s process; reports ``("ready"|"step"|"state"|"done"|"error", w,
-    ...)`` to the parent."""
+    ...)`` to the parent. ``faults``: the parent's armed fault point (:func:`fault_spec`; the
+    fork server may have started before a test armed it)."""
     die_with_multiprocessing_parent()      # ends with the run's process (docs/reliability.md)
+    set_fault_spec(faults)
     runner: WorkerStages | None = None
     stages: list[int] = []
     try:
@@ -349,7 +341,7 @@ def _stage_worker(w: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | No
             t0 = time.perf_counter()
             waited0 = link.waited_s
             runner.current_stage = first
-            _inject(fault, stages, step, "start", tmo)
+            _fault_points(stages, step, tmo)
             set_lr([*opts.values(), opt_dec], lr_at(cfg, step))
             for opt in [*opts.values(), opt_dec]:
                 opt.zero_grad(set_to_none=True)
@@ -380,7 +372,7 @@ def _stage_worker(w: int, cfg_dict: dict, seed: int, port: int, ckpt: bytes | No
                         queues["bwd_in"], f"step {step} micro-batch {m} gradient from stage "
                         f"{last + 1}", last + 1)) if runner.receives_gradients else {}
                     out = runner.backward(m, incoming, None if m else (
-                        lambda k, step=step: _inject(fault, [k], step, "backward", tmo)))
+                        lambda k, step=step: _fault_points([k], step, tmo, backward=True)))
                     if runner.sends_gradients:
                         link.put(queues["bwd_out"], _to_wire(out), f"step {step} micro-batch {m} "
                                  f"gradient to stage {first - 1}", first - 1)
@@ -471,11 +463,9 @@ def _mp_context() -> Any:
 @holds_writer_lock("out_dir")     # one writer per run directory (docs/reliability.md)
 def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
                 out_dir: Path | None = None, corpus: str = "synthetic", name: str | None = None,
-                stop_after: int | None = None, fault: tuple[int, int, str] | None = None,
-                seed: int = 0) -> TrainResult:
-    """Run the async executor; see :func:`lmrepro.rgc.train`. ``fault=(stage, step, kind)``
-    injects a failure (``kind`` in :data:`FAULT_KINDS`: "raise", "exit" or "hang" at the start
-    of the step, or the same with "-backward" in the backward phase) for the reliability tests."""
+                stop_after: int | None = None, seed: int = 0) -> TrainResult:
+    """Run the async executor; see :func:`lmrepro.rgc.train`. The stage workers' fault points
+    (tests only) are :data:`lmrepro.rgc.common.FAULT_POINT`."""
     ctx = _mp_context()
     sampler = MemorySampler().start()
     identity = run_identity(cfg, "async", seed)
@@ -507,7 +497,7 @@ def train_async(cfg: RGCConfig, train_data: np.ndarray, val_data: np.ndarray,
         p = ctx.Process(
             target=_stage_worker, name=f"rgc-worker-{w}",
             args=(w, cfg_dict, seed, port, ck_bytes, end, train_data if w == 0 else None,
-                  queues, results, stop, finish, go, status, fault),
+                  queues, results, stop, finish, go, status, fault_spec()),
             daemon=True)
         p.start()
         procs.append(p)

@@ -1,13 +1,13 @@
 """The RGC paper's headline claims, each declared once with the function that measures it from
-the ``rgc`` analysis (:class:`~lmrepro.pipeline.analysis.AnalysisRecords`)."""
+the ``rgc`` analysis (:class:`~lmrepro.pipeline.records.AnalysisRecords`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from lmrepro.pipeline.analysis import (GIB, ROLE_BACKPROP, ROLE_RGC_ASYNC, AnalysisRecords,
-                                       ResourceRecord)
+from lmrepro.pipeline.records import AnalysisRecords, ResourceRecord
+from lmrepro.pipeline.runs import GIB, ROLE_BACKPROP, ROLE_RGC_ASYNC
 from lmrepro.pipeline.claims import (Claim, Measured, comparison_scale, noninferiority_measure,
                                      resources, spread_text, timing_verdict)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io as _io
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -22,6 +23,7 @@ import torch
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl
+from lmrepro.lifetime import FAULT_ENV, armed_fault
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import flat_to_grads
 from lmrepro.optim.groups import weight_decay_groups
@@ -87,6 +89,37 @@ def check_data(name: str, data: Any, context: int) -> np.ndarray:
     check(len(data) > context + 1, name, f"{len(data)} bytes",
           f"must hold more than context + 1 = {context + 1} bytes")
     return data
+
+
+#: the fault points of an async stage worker (:func:`lmrepro.lifetime.fault_point`, tests only):
+#: ``rgc-stage<k>@<step>`` at the start of a step, ``rgc-stage<k>-backward@<step>`` before stage
+#: k's backward of the step's first micro-batch (H > 1)
+FAULT_POINT = re.compile(r"rgc-stage(\d+)(-backward)?@(\d+)")
+
+
+def stage_fault_point(stage: int, step: int, backward: bool = False) -> str:
+    """The name of stage ``stage``'s fault point at ``step`` (:data:`FAULT_POINT`)."""
+    return f"rgc-stage{stage}{'-backward' if backward else ''}@{step}"
+
+
+def check_fault_point(config: RGCConfig, executor: str) -> None:
+    """Refuse an RGC fault point a test armed (:func:`armed_fault`) that cannot fire here."""
+    armed = armed_fault()
+    if armed is None or not armed[0].startswith("rgc-"):
+        return
+    point = armed[0]
+    match = FAULT_POINT.fullmatch(point)
+    if match is None:
+        check(False, FAULT_ENV, point, "an RGC fault point is rgc-stage<k>@<step> or "
+              "rgc-stage<k>-backward@<step>")
+        return
+    check(executor == "async", FAULT_ENV, point,
+          "fault injection exists only for executor='async'")
+    check(int(match[1]) < config.n_stages, FAULT_ENV, point,
+          f"a fault point of a stage in [0, {config.n_stages})")
+    check(not match[2] or config.horizon > 1, FAULT_ENV, point,
+          "a backward-phase fault needs rgc.horizon > 1 (with H = 1 no gradient crosses "
+          "workers)")
 
 
 def evaluate(model: ByteTransformer, val: np.ndarray, cfg: RGCConfig) -> list[float]:

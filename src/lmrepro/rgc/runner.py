@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 
 from lmrepro.errors import check
-from lmrepro.rgc.common import TrainResult, check_data, synthetic_corpus
+from lmrepro.rgc.common import TrainResult, check_data, check_fault_point, synthetic_corpus
 from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
 
 
 def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | None = None,
           val_data: np.ndarray | None = None, out_dir: str | Path | None = None,
           corpus: str = "synthetic", name: str | None = None, stop_after: int | None = None,
-          fault: tuple[int, int, str] | None = None, seed: int = 0) -> TrainResult:
+          seed: int = 0) -> TrainResult:
     """Train with RGC (``"sync"``, ``"async"``) or the global-backprop baseline (``"backprop"``).
 
     Args:
@@ -30,9 +30,6 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
             ``backprop``).
         stop_after: stop after this many steps (as if killed), leaving the checkpoint; no
             evaluation, no summary. For tests and time-boxed runs.
-        fault: async only, ``(stage, step, kind)`` injects a failure of the worker running
-            ``stage`` (tests): kind "raise", "exit" or "hang" at the start of ``step``, or
-            "raise-backward", "exit-backward" or "hang-backward" in its backward phase (H > 1).
         seed: initialisation and batch order (the same for every executor).
 
     Returns:
@@ -44,18 +41,7 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
     check_executor(executor)
     check(stop_after is None or (isinstance(stop_after, int) and stop_after >= 0), "stop_after",
           stop_after, "must be None or an integer >= 0")
-    check(fault is None or executor == "async", "fault", fault,
-          "fault injection exists only for executor='async'")
-    if fault is not None:
-        from lmrepro.rgc.async_ import FAULT_KINDS
-
-        check(isinstance(fault, tuple) and len(fault) == 3 and fault[2] in FAULT_KINDS
-              and 0 <= fault[0] < config.n_stages and fault[1] >= 0, "fault", fault,
-              f"must be (stage in [0, {config.n_stages}), step >= 0, kind in "
-              f"{list(FAULT_KINDS)})")
-        check(not fault[2].endswith("-backward") or config.horizon > 1, "fault", fault,
-              "a backward-phase fault needs rgc.horizon > 1 (with H = 1 no gradient crosses "
-              "workers)")
+    check_fault_point(config, executor)       # a test's fault point that cannot fire
     if train_data is None or val_data is None:
         text = synthetic_corpus(200_000, seed=12345)
         split = int(0.9 * len(text))
@@ -67,8 +53,7 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
     out = Path(out_dir) if out_dir is not None else None
     if executor == "async":
         from lmrepro.rgc.async_ import train_async
-        return train_async(config, train_data, val_data, out, corpus, name, stop_after, fault,
-                           seed)
+        return train_async(config, train_data, val_data, out, corpus, name, stop_after, seed)
     from lmrepro.rgc.sync import train_single_process
     return train_single_process(config, executor, train_data, val_data, out, corpus, name,
                                 stop_after, seed)

@@ -1,5 +1,5 @@
 """SCAPE's headline claims (arXiv 2607.01678), each declared once with the function that measures
-it from the ``scape`` analysis (:class:`~lmrepro.pipeline.analysis.AnalysisRecords`)."""
+it from the ``scape`` analysis (:class:`~lmrepro.pipeline.records.AnalysisRecords`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import math
 
 from collections.abc import Callable
 
-from lmrepro.pipeline.analysis import (ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_TOPK,
-                                       ComparisonRecord,
-                                       AnalysisRecords, ResourceRecord)
+from lmrepro.pipeline.records import AnalysisRecords, ComparisonRecord, ResourceRecord
+from lmrepro.pipeline.runs import ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_TOPK
 from lmrepro.pipeline.claims import (PREDICTED, Claim, Measured, comparison_scale, comparisons,
                                      ni_text,
                                      noninferiority_measure, resources, spread_text,
@@ -83,7 +82,7 @@ def _unstable(records: AnalysisRecords, names: list[str]) -> tuple[int, int]:
 
 def topk_unstable(records: AnalysisRecords) -> list[Measured]:
     """Top-k at its highest sparsity against dense AdamS: unstable means runs that diverged or
-    training-loss spikes (:func:`lmrepro.pipeline.analysis.loss_spikes`) where dense AdamS has
+    training-loss spikes (:func:`lmrepro.pipeline.runs.loss_spikes`) where dense AdamS has
     none; being worse is not instability (its quality verdict is in the measured text)."""
     topk = comparisons(records, ROLE_TOPK, ROLE_ADAMS)
     if not topk:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from lmrepro.pipeline.analysis import load_run
+from lmrepro.pipeline.runs import load_run
 
 LOG2 = math.log(2)
 COLOURS = {"scape90": "tab:blue", "scape99": "tab:orange", "topk99": "tab:red",

@@ -208,7 +208,7 @@ def diagnostics_table(runs: pd.DataFrame, size: str, steps: int) -> pd.DataFrame
 
 def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfig,
                     floors: Mapping[str, Mapping[str, Any]]) -> Any:
-    """The verdict point as :class:`~lmrepro.pipeline.analysis.AnalysisRecords` (stage
+    """The verdict point as :class:`~lmrepro.pipeline.records.AnalysisRecords` (stage
     ``scaling``), what the claims stage reads."""
     point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)]
     named = {f"{size}/L{steps}/seed{r.seed}/{r.run}": r.path for r in point.itertuples()}

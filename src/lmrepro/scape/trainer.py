@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from lmrepro.distributed import (DistContext, DistributedFailure, collective_gua
 from lmrepro.errors import ParameterError
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl, atomic_torch_save, read_jsonl
+from lmrepro.lifetime import fault_armed, fault_point
 from lmrepro.memory import Memory, MemorySampler, memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import SCAPE, AdamS, DenseDP, NonFiniteGradientError, TopKEF, weight_decay_groups
@@ -52,8 +52,6 @@ from lmrepro.results import (METRICS, SUMMARY, RunSummary, load_checkpoint, mean
 from lmrepro.scape.config import RESUME_FREE, ScapeConfig, ScapeRun
 
 FINAL_MODEL = "model_final.pt"
-FAULT_ENV = "LMREPRO_FAULT_KILL_AT"   # "STEP:RANK": that rank SIGKILLs itself before STEP
-NAN_ENV = "LMREPRO_FAULT_NAN_AT"     # "STEP:RANK": that rank's loss is NaN at STEP (divergence)
 
 
 @dataclass(frozen=True)
@@ -184,14 +182,6 @@ def _resume(ctx: DistContext, out: Path, model: torch.nn.Module, opt: Any,
 # ---------------------------------------------------------------------------------------------
 # the loop
 # ---------------------------------------------------------------------------------------------
-def _fault_step(rank: int, env: str = FAULT_ENV) -> int | None:
-    spec = os.environ.get(env)
-    if not spec:
-        return None
-    step_s, rank_s = spec.split(":")
-    return int(step_s) if int(rank_s) == rank else None
-
-
 def _record_divergence(ctx: DistContext, out: Path, run: ScapeRun, step: int, dt: float,
                        why: str) -> None:
     """Rank 0 logs the step that diverged (its time; no loss) and says so."""
@@ -244,15 +234,12 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
         with collective_guard(ctx, "start barrier"):
             dist.barrier()
 
-    fault_at = _fault_step(ctx.rank)
-    nan_at = _fault_step(ctx.rank, NAN_ENV)
     group = opt.param_groups
     peak_lr = run.lr_or(cfg.lr)
     diverged: int | None = None
     model.train()
     for step in range(start, cfg.steps):
-        if fault_at is not None and step == fault_at:
-            os.kill(os.getpid(), signal.SIGKILL)        # test hook: simulate kill -9 of a worker
+        fault_point(f"scape-step@{step}:rank{ctx.rank}")   # test hook: kill -9 of a worker
         lr = cosine_lr(step, cfg.steps, cfg.warmup_steps, peak_lr, cfg.min_lr_ratio)
         for g in group:
             g["lr"] = lr
@@ -260,7 +247,7 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
         x, y = sample_batch(train_data, cfg.batch_size, mcfg.context, gen)
         x, y = x.to(ctx.device), y.to(ctx.device)
         loss = lm_loss(model(x), y)
-        if nan_at is not None and step == nan_at:
+        if fault_armed(f"scape-nan-loss@{step}:rank{ctx.rank}"):
             loss = loss * float("nan")                  # test hook: a diverging rank
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,0 +1,177 @@
+"""The records of ``analysis.json``: what the claims stage (:mod:`lmrepro.pipeline.claims`)
+reads of a stage's analysis instead of recomputing it (:class:`AnalysisRecords`), and its reader.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from lmrepro.errors import check
+from lmrepro.io import read_json
+from lmrepro.pipeline.runs import DATA_PARALLEL
+from lmrepro.stats import StatsConfig
+
+ANALYSIS_FORMAT = "lmrepro.analysis/2"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunRecord(_Record):
+    """One run as the claims see it (``scale``: :func:`~lmrepro.pipeline.runs.run_scale`;
+    ``configuration``: the label of the configuration it replicates, e.g. ``scape@90% p=2``)."""
+
+    name: str
+    role: str
+    method: str
+    corpus: str
+    seed: int
+    sparsity: float | None
+    processes: int
+    threads: int
+    steps: int
+    final_bpb: float | None
+    diverged_at_step: int | None = None
+    final_test_bpb: float | None = None
+    loss_spikes: int = 0
+    mean_density: float | None = None      # sparse methods: mean fraction sent per step
+    tokens_per_s: float
+    mean_step_time_s: float
+    step_time_std_s: float | None
+    peak_rss_bytes: int
+    peak_pss_bytes: int | None = None
+    scale: str
+    configuration: str
+
+    @property
+    def world_size(self) -> int | None:
+        """As :attr:`lmrepro.pipeline.runs.Run.world_size`."""
+        return self.processes if self.role in DATA_PARALLEL else None
+
+
+class ComparisonRecord(_Record):
+    """One non-inferiority test. Roles, methods, ``sparsity`` and ``processes`` are those of the
+    first runs of each side; runs are paired by seed (``seeds``) and their per-batch losses by
+    (seed, evaluation batch). ``upper_bound`` is the bound of the verdict, from ``level``
+    (``seed`` with at least ``stats.min_seeds`` seeds, else ``batch``); both bounds are kept.
+    The numbers are None and ``bootstrap_method`` is empty when the candidate diverged (``note``
+    says where). ``caveats`` are computed here (one seed, too few seeds for the seed level)."""
+
+    label: str
+    corpus: str
+    candidate_role: str
+    baseline_role: str
+    candidate_method: str
+    baseline_method: str
+    candidate_runs: list[str]
+    baseline_runs: list[str]
+    sparsity: float | None
+    processes: int
+    n_pairs: int
+    n_seeds: int
+    seeds: list[int]
+    mean_rel_diff: float | None
+    upper_bound: float | None
+    batch_upper_bound: float | None
+    seed_upper_bound: float | None
+    level: Literal["batch", "seed"]
+    margin: float
+    confidence: float | None
+    non_inferior: bool
+    verdict: str
+    bootstrap_method: str
+    note: str
+    caveats: list[str]
+    split: Literal["val", "test"] = "val"
+    lower_bound: float | None = None
+    seed_lower_bound: float | None = None
+    p_value: float | None = None
+    worse: bool = False
+    baseline_bpb: float | None = None        # the baseline runs' mean final bpb on ``split``
+    floor_bpb: float | None = None           # the corpus's trigram floor on ``split``
+    testable: bool = True                    # baseline_bpb <= (1 - 10 %) floor_bpb
+
+
+class ResourceRecord(_Record):
+    """Speed and memory of a candidate configuration against a baseline configuration (each the
+    mean over its runs, i.e. its seeds), with the timing spread
+    (:func:`~lmrepro.pipeline.resources.timing_interval`).
+
+    ``speedup`` = baseline / candidate mean step time; ``throughput_ratio`` = candidate /
+    baseline tokens/s; ``wall_ratio`` = candidate / baseline ``steps x mean step time``;
+    ``memory_ratio`` = candidate / baseline peak resident memory (RSS), ``pss_ratio`` the same
+    in PSS (shared pages such as the torch libraries counted once over a process tree; None when
+    a side recorded no PSS). ``relative_spread`` is the
+    combined relative step-time spread ``rho``; a ratio ``x`` is conclusive iff
+    ``|ln x| > rho`` (None when a side recorded no spread)."""
+
+    label: str
+    corpus: str
+    candidate_role: str
+    baseline_role: str
+    candidate_configuration: str
+    baseline_configuration: str
+    candidate_runs: list[str]
+    baseline_runs: list[str]
+    sparsity: float | None
+    candidate_step_time_s: float
+    baseline_step_time_s: float
+    candidate_step_time_spread_s: float | None
+    baseline_step_time_spread_s: float | None
+    candidate_steps: int
+    baseline_steps: int
+    candidate_tokens_per_s: float
+    baseline_tokens_per_s: float
+    candidate_threads: int
+    baseline_threads: int
+    candidate_processes: int
+    baseline_processes: int
+    candidate_peak_rss_bytes: float
+    baseline_peak_rss_bytes: float
+    candidate_peak_pss_bytes: float | None
+    baseline_peak_pss_bytes: float | None
+    speedup: float
+    throughput_ratio: float
+    wall_ratio: float
+    memory_ratio: float | None
+    pss_ratio: float | None
+    relative_spread: float | None
+    speedup_conclusive: bool
+    throughput_conclusive: bool
+    wall_conclusive: bool
+    caveats: list[str]
+
+
+class AnalysisRecords(_Record):
+    """``analysis.json`` of one stage: its runs, its comparisons (quality and resources), the
+    test's settings, the seeds analysed and the cores of the machine it ran on."""
+
+    format: Literal["lmrepro.analysis/2"] = ANALYSIS_FORMAT
+    stage: str
+    stats: StatsConfig
+    seeds: list[int]
+    cores: int | None
+    runs: list[RunRecord]
+    comparisons: list[ComparisonRecord]
+    resources: list[ResourceRecord]
+    floors: dict[str, dict[str, Any]] = {}   # per corpus: lmrepro.data.ngram.corpus_floor
+
+    def run(self, name: str) -> RunRecord:
+        """The run record called ``name``."""
+        found = [r for r in self.runs if r.name == name]
+        check(len(found) == 1, "run", name, f"must name one run of the {self.stage!r} analysis")
+        return found[0]
+
+
+def read_analysis(path: str | Path) -> AnalysisRecords:
+    """A stage's ``analysis.json``, validated (a file of an older format is refused, naming
+    the stage to rerun)."""
+    data = read_json(path)
+    check(isinstance(data, dict) and data.get("format") == ANALYSIS_FORMAT, str(path),
+          data.get("format") if isinstance(data, dict) else type(data).__name__,
+          f"must be an {ANALYSIS_FORMAT} file: rerun the analysis stage (dvc repro)")
+    return AnalysisRecords.model_validate(data)

@@ -1,0 +1,202 @@
+"""The runs of an analysis: loading a run directory, its role, its configuration and scale.
+
+Every function of the analysis takes ``runs``: a mapping ``run name -> run directory`` (or an
+already loaded :class:`Run`) in the layout of :mod:`lmrepro.results`.
+
+Roles. Comparisons and claims need to know what a run is: its role is a pure function of the
+summary's ``method`` (:class:`lmrepro.results.Method`) and, for RGC runs, its ``executor``
+(:func:`run_role`). Baselines are picked by role, never by run name, so renaming a run changes no
+table.
+
+Seeds. Runs whose configuration differs only in the seed are replicates of one configuration
+(:func:`configuration_key`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmrepro.errors import ParameterError, check
+from lmrepro.io import read_json, read_jsonl
+from lmrepro.results import (EVAL_LOSSES, EVAL_LOSSES_TEST, METRICS, SUMMARY, Method,
+                             RunSummary, read_summary)
+
+GIB = float(1 << 30)
+
+ROLE_ADAMW = "adamw"
+ROLE_ADAMS = "adams"
+ROLE_SCAPE = "scape"
+ROLE_TOPK = "topk"                  # top-k with error feedback on AdamS (the paper's foil)
+ROLE_SCAPE_STALE_M = "scape_stale_m"  # SCAPE with the stale-|m| mask rule (our ablation)
+ROLE_TOPK_ADAMW = "topk_adamw"      # top-k with error feedback on AdamW
+ROLE_BACKPROP = "backprop"
+ROLE_RGC_ASYNC = "rgc_async"
+ROLE_RGC_SYNC = "rgc_sync"
+# roles whose processes are data-parallel replicas (their count is the world size)
+SPARSE = (ROLE_SCAPE, ROLE_SCAPE_STALE_M, ROLE_TOPK, ROLE_TOPK_ADAMW)
+DATA_PARALLEL = (ROLE_ADAMW, ROLE_ADAMS, *SPARSE)
+_RGC_ROLES = {"async": ROLE_RGC_ASYNC, "sync": ROLE_RGC_SYNC}
+
+
+def run_role(method: Method | str, executor: str | None = None, where: str = "") -> str:
+    """The role of a run: its ``method``, except that RGC splits by ``executor`` into
+    ``rgc_async`` / ``rgc_sync``. An unknown method, an RGC run without an async/sync executor or
+    another method with an executor other than its own is refused (``where`` prefixes the
+    names in the message, e.g. the summary's path)."""
+    try:
+        m = Method(method)
+    except ValueError:
+        raise ParameterError(f"{where}method", method, "must be one of "
+                             f"{[x.value for x in Method]} (lmrepro.results.Method)") from None
+    if m is Method.RGC:
+        check(executor in _RGC_ROLES, f"{where}executor", executor,
+              f"must be one of {sorted(_RGC_ROLES)} for an RGC run")
+        return _RGC_ROLES[executor]
+    allowed = (None, "backprop") if m is Method.BACKPROP else (None,)
+    check(executor in allowed, f"{where}executor", executor,
+          f"must be one of {list(allowed)} for method {m.value!r}")
+    return m.value
+
+
+# --------------------------------------------------------------------------------------------
+# Loading runs
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Run:
+    """One finished run: its validated summary, role, per-batch eval losses and metrics."""
+
+    name: str
+    path: Path
+    summary: RunSummary
+    role: str
+    eval_losses: tuple[float, ...]
+    eval_meta: dict[str, Any]
+    metrics: tuple[dict[str, Any], ...] = field(repr=False)
+    test_losses: tuple[float, ...] = ()     # the test split's, where the trainer scored it
+
+    @property
+    def world_size(self) -> int | None:
+        """Data-parallel workers; None for the RGC suite, whose processes are pipeline stages
+        compared at the same core budget."""
+        return self.summary.processes if self.role in DATA_PARALLEL else None
+
+    @property
+    def configuration(self) -> str:
+        """:func:`configuration_key` of this run."""
+        return configuration_key(self.summary.config)
+
+
+def _without_names(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _without_names(v) for k, v in obj.items() if k not in ("name", "seed")}
+    if isinstance(obj, list):
+        return [_without_names(v) for v in obj]
+    return obj
+
+
+def configuration_key(config: Mapping[str, Any]) -> str:
+    """What makes two runs replicates: their configuration (``RunSummary.config``) without run
+    names and seeds, as canonical JSON. Runs of one suite that differ only in the seed share it;
+    runs of a learning-rate sweep do not."""
+    return json.dumps(_without_names(dict(config)), sort_keys=True, default=str)
+
+
+RunSource = str | Path | Run
+Runs = Mapping[str, RunSource]
+
+
+def load_run(name: str, source: RunSource) -> Run:
+    """Read one run directory (or pass a :class:`Run` through)."""
+    if isinstance(source, Run):
+        return source
+    path = Path(source)
+    check(path.is_dir(), f"runs[{name!r}]", str(path), "must be an existing run directory")
+    summary = read_summary(path)
+    # a diverged run may have written no evaluation (RunSummary.diverged_at_step)
+    meta = (read_json(path / EVAL_LOSSES) if (path / EVAL_LOSSES).exists()
+            or summary.diverged_at_step is None else {"losses": []})
+    test = (tuple(float(x) for x in read_json(path / EVAL_LOSSES_TEST)["losses"])
+            if (path / EVAL_LOSSES_TEST).exists() else ())
+    return Run(name=name, path=path, summary=summary,
+               role=run_role(summary.method, summary.executor, f"{path / SUMMARY}: "),
+               eval_losses=tuple(float(x) for x in meta.pop("losses")), eval_meta=meta,
+               metrics=tuple(read_jsonl(path / METRICS)), test_losses=test)
+
+
+def load_runs(runs: Runs) -> dict[str, Run]:
+    """``{name: Run}`` for a mapping of run names to run directories (insertion order kept)."""
+    check(isinstance(runs, Mapping), "runs", type(runs).__name__,
+          "must be a mapping of run name -> run directory")
+    return {name: load_run(name, src) for name, src in runs.items()}
+
+
+def named_run(runs: dict[str, Run], name: str, what: str) -> Run:
+    """The run called ``name`` (``what``: the argument that named it, for the message)."""
+    check(name in runs, what, name, f"must name one of the runs passed in: {sorted(runs)}")
+    return runs[name]
+
+
+def workers(run: Run) -> str:
+    """The compute of a run: data-parallel workers, or the threads of an RGC-suite run."""
+    if run.world_size is not None:
+        return f"{run.world_size} worker{'s' * (run.world_size != 1)}"
+    return f"{run.summary.threads} threads"
+
+
+def run_scale(run: Run) -> str:
+    """The scale a run was measured at: parameters (when counted), model shape (``config.model``,
+    or the flat RGC config), steps, corpus and :func:`workers`."""
+    s = run.summary
+    shape = s.config.get("model", s.config)
+    parts = [f"{s.n_params / 1e6:.2f}M params"] if s.n_params else []
+    if shape.get("n_layers") is not None and shape.get("d_model") is not None:
+        parts.append(f"{shape['n_layers']} layers x d={shape['d_model']}")
+    return ", ".join(parts + [f"{s.steps} steps", s.corpus, workers(run)])
+
+
+# --------------------------------------------------------------------------------------------
+# Labels and measures of one run
+# --------------------------------------------------------------------------------------------
+
+def learning_rate(run: Run) -> float | None:
+    """The peak learning rate in the run's configuration (``settings.lr`` or ``lr``)."""
+    config = run.summary.config
+    lr = (config.get("settings") or {}).get("lr", config.get("lr"))
+    return float(lr) if isinstance(lr, (int, float)) else None
+
+
+def config_label(run: Run, with_lr: bool = False) -> str:
+    """A configuration in words: method, RGC executor, sparsity, data-parallel workers (and the
+    learning rate when ``with_lr``: where one method ran at several, e.g. a sweep)."""
+    label = run.summary.method
+    if run.role in (ROLE_RGC_ASYNC, ROLE_RGC_SYNC):
+        label += "-" + run.summary.executor
+    if run.role in SPARSE and run.summary.sparsity is not None:
+        label += f"@{run.summary.sparsity:.0%}"
+    if run.world_size is not None:
+        label += f" p={run.world_size}"
+    if with_lr and (lr := learning_rate(run)) is not None:
+        label += f" lr={lr:g}"
+    return label
+
+
+def loss_spikes(metrics: Sequence[Mapping[str, Any]], window: int = 50,
+                factor: float = 1.5) -> int:
+    """Training-loss spikes of a run: logged steps whose loss exceeds ``factor`` times the
+    median of the ``window`` logged losses before it (after the first ``window``); a
+    non-finite loss counts too. The instability the SCAPE paper attributes to top-k."""
+    losses = [float(r["loss"]) for r in metrics if "loss" in r]
+    spikes = 0
+    for i in range(window, len(losses)):
+        ref = float(np.median(losses[i - window:i]))
+        if not math.isfinite(losses[i]) or losses[i] > factor * ref:
+            spikes += 1
+    return spikes
