@@ -28,7 +28,8 @@ from typing import Any
 
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_json, atomic_write_text
-from lmrepro.pipeline.comparisons import (DEFAULT_PAIRINGS, DEFAULT_STATS, UNITS_NOTE, Comparison,
+from lmrepro.pipeline import registry
+from lmrepro.pipeline.comparisons import (DEFAULT_STATS, UNITS_NOTE, Comparison,
                                           ComparisonOutcome, ComparisonSpec, Pairing,
                                           comparison_split, configurations,
                                           default_comparisons, noninferiority_table,
@@ -42,25 +43,22 @@ from lmrepro.pipeline.resources import (StepTimes, bytes_long, bytes_per_step,
                                         relative_spread, resource_caveats, resource_comparisons,
                                         resources_table, step_times, throughput_table,
                                         timing_interval)
-from lmrepro.pipeline.runs import (DATA_PARALLEL, GIB, ROLE_ADAMS, ROLE_ADAMW, ROLE_BACKPROP,
-                                   ROLE_RGC_ASYNC, ROLE_RGC_SYNC, ROLE_SCAPE, ROLE_SCAPE_STALE_M,
-                                   ROLE_TOPK, ROLE_TOPK_ADAMW, SPARSE, Run, Runs, RunSource,
-                                   config_label, configuration_key, learning_rate, load_run,
-                                   load_runs, loss_spikes, named_run, run_role, run_scale,
-                                   workers)
+from lmrepro.pipeline.runs import (GIB, Run, Runs, RunSource, config_label, configuration_key,
+                                   learning_rate, load_run, load_runs, loss_spikes, named_run,
+                                   run_role, run_scale, workers)
 from lmrepro.results import RunSummary, collect_runs
 from lmrepro.stats import StatsConfig
 
+# (also readable here, registered by the wings: STAGE_REFERENCES, DEFAULT_PAIRINGS, ROLE_<ROLE>,
+# SPARSE and DATA_PARALLEL; see __getattr__)
 __all__ = [
     # the stage (this module)
-    "STAGE_REFERENCES", "analysis_records", "analysis_stage", "available_cores", "corpus_floors",
+    "analysis_records", "analysis_stage", "available_cores", "corpus_floors",
     # runs
-    "DATA_PARALLEL", "GIB", "ROLE_ADAMS", "ROLE_ADAMW", "ROLE_BACKPROP", "ROLE_RGC_ASYNC",
-    "ROLE_RGC_SYNC", "ROLE_SCAPE", "ROLE_SCAPE_STALE_M", "ROLE_TOPK", "ROLE_TOPK_ADAMW", "SPARSE",
-    "Run", "RunSource", "Runs", "config_label", "configuration_key", "learning_rate", "load_run",
-    "load_runs", "loss_spikes", "named_run", "run_role", "run_scale", "workers",
+    "GIB", "Run", "RunSource", "Runs", "config_label", "configuration_key", "learning_rate",
+    "load_run", "load_runs", "loss_spikes", "named_run", "run_role", "run_scale", "workers",
     # comparisons
-    "DEFAULT_PAIRINGS", "DEFAULT_STATS", "UNITS_NOTE", "Comparison", "ComparisonOutcome",
+    "DEFAULT_STATS", "UNITS_NOTE", "Comparison", "ComparisonOutcome",
     "ComparisonSpec", "Pairing", "comparison_split", "configurations", "default_comparisons",
     "noninferiority_table", "outcomes_table", "pairings", "run_comparisons", "seed_caveats",
     "testability",
@@ -73,9 +71,16 @@ __all__ = [
     "read_analysis",
 ]
 
-# The reference roles of each stage's tables: (throughput and memory, communication).
-STAGE_REFERENCES: dict[str, tuple[str, str | None]] = {
-    "scape": (ROLE_ADAMW, ROLE_ADAMS), "rgc": (ROLE_BACKPROP, None)}
+
+def __getattr__(name: str) -> Any:
+    """Names whose values the wings register (:mod:`lmrepro.pipeline.registry`):
+    ``STAGE_REFERENCES`` (each analysis stage's reference roles: throughput and memory,
+    communication), ``DEFAULT_PAIRINGS``, ``ROLE_<ROLE>``, ``SPARSE`` and ``DATA_PARALLEL``."""
+    if name == "STAGE_REFERENCES":
+        return registry.stages()
+    if name == "DEFAULT_PAIRINGS":
+        return registry.pairings()
+    return registry.role_constant(name, __name__)
 
 
 def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAULT_STATS,
@@ -137,7 +142,8 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
     """
     from lmrepro.pipeline import plots
 
-    check(stage in STAGE_REFERENCES, "stage", stage, f"must be one of {sorted(STAGE_REFERENCES)}")
+    references = registry.stages()
+    check(stage in references, "stage", stage, f"must be one of {sorted(references)}")
     runs_dir = Path(results_root) / stage / "runs"
     runs = load_runs(collect_runs(runs_dir))
     if seeds is not None:
@@ -146,7 +152,7 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
         raise FileNotFoundError(f"no finished runs under {runs_dir}"
                                 + (f" with seeds {list(seeds)}" if seeds is not None else ""))
     out_dir = Path(out_root) / stage
-    frames = reference_tables(runs, *STAGE_REFERENCES[stage])
+    frames = reference_tables(runs, *references[stage])
     floors = corpus_floors(prepared_dir, {r.summary.corpus for r in runs.values()})
     outcomes = run_comparisons(runs, stats=stats, floors=floors)
     records = analysis_records(runs, stage=stage, stats=stats, outcomes=outcomes,

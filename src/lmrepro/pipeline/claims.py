@@ -1,9 +1,9 @@
 """The claims registry: each paper's headline claims beside our figures, from ``analysis.json``.
 
-A :class:`Claim` is declared once, in its paper's wing (:mod:`lmrepro.scape.claims`,
-:mod:`lmrepro.rgc.claims`): its text, the paper's figure and scale (quoted, with their source),
-the rule our measurement is judged by, a caveat that weakens any verdict on it, and the function
-that measures it from the analysis stages' records
+A :class:`Claim` is declared once, in its paper's wing (e.g. the SCAPE wing's ``claims`` module),
+which registers it (:func:`lmrepro.pipeline.registry.register_claims`): its text, the paper's
+figure and scale (quoted, with their source), the rule our measurement is judged by, a caveat that
+weakens any verdict on it, and the function that measures it from the analysis stages' records
 (:class:`~lmrepro.pipeline.records.AnalysisRecords`). The claims stage only reads those records:
 no run directory is opened and no bootstrap is recomputed here.
 
@@ -31,6 +31,7 @@ import pandas as pd
 
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_json, atomic_write_text
+from lmrepro.pipeline import registry as _registry
 from lmrepro.pipeline.comparisons import DEFAULT_STATS
 from lmrepro.pipeline.records import (AnalysisRecords, ComparisonRecord, ResourceRecord,
                                       read_analysis)
@@ -109,11 +110,9 @@ class Claim:
 
 
 def registry() -> tuple[Claim, ...]:
-    """Every claim: SCAPE's, then RGC's (imported here: the wings import this module)."""
-    from lmrepro.rgc.claims import CLAIMS as RGC_CLAIMS
-    from lmrepro.scape.claims import CLAIMS as SCAPE_CLAIMS
-
-    return SCAPE_CLAIMS + RGC_CLAIMS
+    """Every claim the wings register (:func:`lmrepro.pipeline.registry.register_claims`), in
+    the wings' order: SCAPE's, then RGC's."""
+    return _registry.claims()
 
 
 # --------------------------------------------------------------------------------------------

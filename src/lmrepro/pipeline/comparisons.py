@@ -23,9 +23,8 @@ import pandas as pd
 
 from lmrepro.errors import check
 from lmrepro.pipeline.records import ComparisonRecord
-from lmrepro.pipeline.runs import (ROLE_ADAMS, ROLE_ADAMW, ROLE_BACKPROP, ROLE_RGC_ASYNC,
-                                   ROLE_RGC_SYNC, ROLE_SCAPE, ROLE_SCAPE_STALE_M, ROLE_TOPK,
-                                   ROLE_TOPK_ADAMW, Run, Runs, config_label, load_runs, named_run)
+from lmrepro.pipeline import registry
+from lmrepro.pipeline.runs import Run, Runs, config_label, load_runs, named_run
 from lmrepro.results import EVAL_LOSSES
 from lmrepro.stats import NonInferiorityResult, StatsConfig, noninferiority
 
@@ -33,14 +32,16 @@ UNITS_NOTE = ("mean_rel_diff and the bounds are fractions of the baseline loss (
               "bits per byte = nats / ln 2, so they are the same in nats and in bits per byte")
 DEFAULT_STATS = StatsConfig()  # the design's test: 1 % margin, 95 %, 10 000 resamples, seed 0
 
-# Which candidate roles are judged against which baseline roles (docs/statistics.md:
-# "The same test judges SCAPE vs dense AdamW/AdamS and RGC vs global backprop").
-DEFAULT_PAIRINGS: tuple[tuple[str, str], ...] = (
-    (ROLE_SCAPE, ROLE_ADAMW), (ROLE_SCAPE, ROLE_ADAMS),
-    (ROLE_SCAPE_STALE_M, ROLE_ADAMW), (ROLE_SCAPE_STALE_M, ROLE_ADAMS),
-    (ROLE_TOPK, ROLE_ADAMW), (ROLE_TOPK, ROLE_ADAMS), (ROLE_TOPK_ADAMW, ROLE_ADAMW),
-    (ROLE_RGC_ASYNC, ROLE_BACKPROP), (ROLE_RGC_SYNC, ROLE_BACKPROP),
-)
+
+
+def __getattr__(name: str) -> Any:
+    """``DEFAULT_PAIRINGS``: which candidate roles are judged against which baseline roles, as
+    the wings register them (:func:`lmrepro.pipeline.registry.register_pairings`;
+    docs/statistics.md: "The same test judges SCAPE vs dense AdamW/AdamS and RGC vs global
+    backprop"), as ``(candidate role, baseline role)`` pairs."""
+    if name == "DEFAULT_PAIRINGS":
+        return registry.pairings()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def pairings(runs: Runs) -> list[Pairing]:
     for key in groups:
         several[key[:3]] = several.get(key[:3], 0) + 1
     out = []
-    for cand_role, base_role in DEFAULT_PAIRINGS:
+    for cand_role, base_role in registry.pairings():
         for ckey, cands in groups.items():
             for bkey, bases in groups.items():
                 if (ckey[0], bkey[0]) != (cand_role, base_role) or ckey[1] != bkey[1]:

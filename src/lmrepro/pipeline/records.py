@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from lmrepro.errors import check
 from lmrepro.io import read_json
-from lmrepro.pipeline.runs import DATA_PARALLEL
+from lmrepro.pipeline import registry
 from lmrepro.stats import StatsConfig
 
 ANALYSIS_FORMAT = "lmrepro.analysis/2"
@@ -50,7 +50,7 @@ class RunRecord(_Record):
     @property
     def world_size(self) -> int | None:
         """As :attr:`lmrepro.pipeline.runs.Run.world_size`."""
-        return self.processes if self.role in DATA_PARALLEL else None
+        return self.processes if registry.is_data_parallel(self.role) else None
 
 
 class ComparisonRecord(_Record):

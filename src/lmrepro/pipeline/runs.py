@@ -4,9 +4,9 @@ Every function of the analysis takes ``runs``: a mapping ``run name -> run direc
 already loaded :class:`Run`) in the layout of :mod:`lmrepro.results`.
 
 Roles. Comparisons and claims need to know what a run is: its role is a pure function of the
-summary's ``method`` (:class:`lmrepro.results.Method`) and, for RGC runs, its ``executor``
-(:func:`run_role`). Baselines are picked by role, never by run name, so renaming a run changes no
-table.
+summary's ``method`` and, for RGC runs, its ``executor`` (:func:`run_role`), as the wings register
+it (:mod:`lmrepro.pipeline.registry`: the pipeline names no method). Baselines are picked by
+role, never by run name, so renaming a run changes no table.
 
 Seeds. Runs whose configuration differs only in the seed are replicates of one configuration
 (:func:`configuration_key`).
@@ -23,46 +23,28 @@ from typing import Any
 
 import numpy as np
 
-from lmrepro.errors import ParameterError, check
+from lmrepro.errors import check
 from lmrepro.io import read_json, read_jsonl
-from lmrepro.results import (EVAL_LOSSES, EVAL_LOSSES_TEST, METRICS, SUMMARY, Method,
-                             RunSummary, read_summary)
+from lmrepro.pipeline import registry
+from lmrepro.results import (EVAL_LOSSES, EVAL_LOSSES_TEST, METRICS, SUMMARY, RunSummary,
+                             read_summary)
 
 GIB = float(1 << 30)
 
-ROLE_ADAMW = "adamw"
-ROLE_ADAMS = "adams"
-ROLE_SCAPE = "scape"
-ROLE_TOPK = "topk"                  # top-k with error feedback on AdamS (the paper's foil)
-ROLE_SCAPE_STALE_M = "scape_stale_m"  # SCAPE with the stale-|m| mask rule (our ablation)
-ROLE_TOPK_ADAMW = "topk_adamw"      # top-k with error feedback on AdamW
-ROLE_BACKPROP = "backprop"
-ROLE_RGC_ASYNC = "rgc_async"
-ROLE_RGC_SYNC = "rgc_sync"
-# roles whose processes are data-parallel replicas (their count is the world size)
-SPARSE = (ROLE_SCAPE, ROLE_SCAPE_STALE_M, ROLE_TOPK, ROLE_TOPK_ADAMW)
-DATA_PARALLEL = (ROLE_ADAMW, ROLE_ADAMS, *SPARSE)
-_RGC_ROLES = {"async": ROLE_RGC_ASYNC, "sync": ROLE_RGC_SYNC}
+
+def __getattr__(name: str) -> Any:
+    """``ROLE_<ROLE>``, ``SPARSE`` and ``DATA_PARALLEL``: the roles the wings register
+    (:mod:`lmrepro.pipeline.registry`), under the names this module exported before."""
+    return registry.role_constant(name, __name__)
 
 
-def run_role(method: Method | str, executor: str | None = None, where: str = "") -> str:
-    """The role of a run: its ``method``, except that RGC splits by ``executor`` into
-    ``rgc_async`` / ``rgc_sync``. An unknown method, an RGC run without an async/sync executor or
+def run_role(method: str, executor: str | None = None, where: str = "") -> str:
+    """The role of a run: the role a wing registered for its ``method`` and ``executor``
+    (:func:`lmrepro.pipeline.registry.role_of`; e.g. RGC splits by ``executor`` into
+    ``rgc_async`` / ``rgc_sync``). An unknown method, an RGC run without an async/sync executor or
     another method with an executor other than its own is refused (``where`` prefixes the
     names in the message, e.g. the summary's path)."""
-    try:
-        m = Method(method)
-    except ValueError:
-        raise ParameterError(f"{where}method", method, "must be one of "
-                             f"{[x.value for x in Method]} (lmrepro.results.Method)") from None
-    if m is Method.RGC:
-        check(executor in _RGC_ROLES, f"{where}executor", executor,
-              f"must be one of {sorted(_RGC_ROLES)} for an RGC run")
-        return _RGC_ROLES[executor]
-    allowed = (None, "backprop") if m is Method.BACKPROP else (None,)
-    check(executor in allowed, f"{where}executor", executor,
-          f"must be one of {list(allowed)} for method {m.value!r}")
-    return m.value
+    return registry.role_of(method, executor, where)
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,7 +68,7 @@ class Run:
     def world_size(self) -> int | None:
         """Data-parallel workers; None for the RGC suite, whose processes are pipeline stages
         compared at the same core budget."""
-        return self.summary.processes if self.role in DATA_PARALLEL else None
+        return self.summary.processes if registry.is_data_parallel(self.role) else None
 
     @property
     def configuration(self) -> str:
@@ -177,9 +159,10 @@ def config_label(run: Run, with_lr: bool = False) -> str:
     """A configuration in words: method, RGC executor, sparsity, data-parallel workers (and the
     learning rate when ``with_lr``: where one method ran at several, e.g. a sweep)."""
     label = run.summary.method
-    if run.role in (ROLE_RGC_ASYNC, ROLE_RGC_SYNC):
+    role = registry.role(run.role)
+    if role.label_executor and run.summary.executor is not None:
         label += "-" + run.summary.executor
-    if run.role in SPARSE and run.summary.sparsity is not None:
+    if role.sparse and run.summary.sparsity is not None:
         label += f"@{run.summary.sparsity:.0%}"
     if run.world_size is not None:
         label += f" p={run.world_size}"

@@ -8,11 +8,11 @@ import math
 from collections.abc import Callable
 
 from lmrepro.pipeline.records import AnalysisRecords, ComparisonRecord, ResourceRecord
-from lmrepro.pipeline.runs import ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_TOPK
 from lmrepro.pipeline.claims import (PREDICTED, Claim, Measured, comparison_scale, comparisons,
                                      ni_text,
                                      noninferiority_measure, resources, spread_text,
                                      timing_verdict)
+from lmrepro.scape.roles import ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_TOPK
 
 PAPER = "SCAPE (arXiv 2607.01678)"
 SOURCE = ("the arXiv abstract and the authors' public code and run logs (docs/papers.md; the "

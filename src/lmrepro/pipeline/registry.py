@@ -1,0 +1,196 @@
+"""What the wings register with the shared pipeline: their methods' roles, the comparisons
+(pairings) between roles, each analysis stage's reference roles, their parameter sections and
+their claims.
+
+The pipeline names no method of either paper: a wing (``lmrepro.baseline``, ``lmrepro.scape``,
+``lmrepro.rgc``) declares its vocabulary in its ``wing`` module by calling the ``register_*``
+functions below at import time, the way ``lmrepro.cli`` lets each wing register its
+subcommands. One module above the pipeline and the wings, :mod:`lmrepro.wings`, imports every
+wing's ``wing`` module, in the order that fixes the order of every registered list (baseline,
+SCAPE, RGC). Dependencies point downwards only: a wing imports the pipeline, never the reverse.
+
+The pipeline's functions that need the vocabulary call :func:`load_wings` first, which imports
+:mod:`lmrepro.wings` by name (the pipeline's one dynamic import: the composition it may not import
+statically without an import cycle); ``lmrepro.cli`` and tests may import :mod:`lmrepro.wings`
+themselves.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lmrepro.errors import ParameterError, check
+
+#: the composition module that imports every wing's registrations
+WINGS_MODULE = "lmrepro.wings"
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a run is in the analysis: ``name`` (e.g. ``rgc_async``), the summary's ``method`` and
+    ``executors`` it stands for (None: a summary without one), whether its processes are
+    data-parallel replicas (their count is the world size), whether it is a sparse-communication
+    method (its label shows the sparsity) and whether its label shows the executor."""
+
+    name: str
+    method: str
+    executors: tuple[str | None, ...] = (None,)
+    data_parallel: bool = False
+    sparse: bool = False
+    label_executor: bool = False
+    wing: str = ""
+
+
+@dataclass(frozen=True)
+class Section:
+    """A wing's section of the parameter file: the key, its configuration class and the corpora it
+    trains on (``(key path, corpus name)`` pairs, checked against ``data.use``)."""
+
+    key: str
+    config: type
+    corpora: Callable[[Any], Sequence[tuple[str, str]]]
+    wing: str = ""
+
+
+_METHODS: dict[str, dict[str | None, str]] = {}      # method -> {executor: role}
+_ROLES: dict[str, Role] = {}
+_PAIRINGS: list[tuple[str, str]] = []
+_STAGES: dict[str, tuple[str, str | None]] = {}
+_SECTIONS: dict[str, Section] = {}
+_CLAIMS: list[Any] = []
+_loaded = False
+
+
+def load_wings() -> None:
+    """Import :data:`WINGS_MODULE` (once), so that every wing's registrations have run."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        importlib.import_module(WINGS_MODULE)
+
+
+def register_roles(wing: str, *roles: Role) -> None:
+    """Register ``roles``: each maps a summary's method with each of its executors to the role
+    (RGC splits by executor: a run without one is refused)."""
+    for role in roles:
+        check(role.name not in _ROLES, "role", role.name, "must be registered once")
+        _ROLES[role.name] = Role(**{**role.__dict__, "wing": wing})
+        for executor in role.executors:
+            _METHODS.setdefault(role.method, {})[executor] = role.name
+
+
+def register_pairings(wing: str, pairings: Sequence[tuple[str, str]]) -> None:
+    """Register ``(candidate role, baseline role)`` pairs: which roles a comparison judges
+    against which (docs/statistics.md)."""
+    for cand, base in pairings:
+        check(cand in _ROLES and base in _ROLES, f"{wing} pairing", (cand, base),
+              f"must name registered roles: {sorted(_ROLES)}")
+        _PAIRINGS.append((cand, base))
+
+
+def register_stage(stage: str, throughput: str, communication: str | None = None) -> None:
+    """Register an analysis stage (``results/<stage>/runs``) with the reference roles of its
+    tables: throughput and memory, and communication (None: no communication table)."""
+    check(stage not in _STAGES, "stage", stage, "must be registered once")
+    _STAGES[stage] = (throughput, communication)
+
+
+def register_section(wing: str, config: type,
+                     corpora: Callable[[Any], Sequence[tuple[str, str]]]) -> None:
+    """Register a wing's section of the parameter file: ``config.key`` is its key."""
+    key = config.key  # type: ignore[attr-defined]
+    check(key not in _SECTIONS, "section", key, "must be registered once")
+    _SECTIONS[key] = Section(key, config, corpora, wing)
+
+
+def register_claims(wing: str, claims: Sequence[Any]) -> None:
+    """Register a wing's claims (:class:`lmrepro.pipeline.claims.Claim`), in table order."""
+    _CLAIMS.extend(claims)
+
+
+# --------------------------------------------------------------------------------------------
+# What the pipeline reads
+# --------------------------------------------------------------------------------------------
+
+def methods() -> tuple[str, ...]:
+    load_wings()
+    return tuple(_METHODS)
+
+
+def roles() -> Mapping[str, Role]:
+    load_wings()
+    return dict(_ROLES)
+
+
+def role(name: str) -> Role:
+    """The registered role ``name``."""
+    load_wings()
+    check(name in _ROLES, "role", name, f"must be one of {sorted(_ROLES)}")
+    return _ROLES[name]
+
+
+def is_role(name: str) -> bool:
+    load_wings()
+    return name in _ROLES
+
+
+def role_of(method: str, executor: str | None = None, where: str = "") -> str:
+    """The role of a run of ``method`` with ``executor`` (see :func:`register_roles`)."""
+    load_wings()
+    if not isinstance(method, str) or method not in _METHODS:
+        raise ParameterError(f"{where}method", method, f"must be one of {list(_METHODS)} "
+                             "(the methods the wings register)")
+    by_executor = _METHODS[method]
+    allowed = list(by_executor)
+    check(executor in by_executor, f"{where}executor", executor,
+          f"must be one of {allowed} for method {method!r}")
+    return by_executor[executor]
+
+
+def is_data_parallel(name: str) -> bool:
+    """Whether the processes of role ``name`` are data-parallel replicas (False when unknown)."""
+    found = roles().get(name)
+    return found is not None and found.data_parallel
+
+
+def data_parallel_roles() -> tuple[str, ...]:
+    return tuple(r.name for r in roles().values() if r.data_parallel)
+
+
+def sparse_roles() -> tuple[str, ...]:
+    return tuple(r.name for r in roles().values() if r.sparse)
+
+
+def pairings() -> tuple[tuple[str, str], ...]:
+    load_wings()
+    return tuple(_PAIRINGS)
+
+
+def stages() -> Mapping[str, tuple[str, str | None]]:
+    load_wings()
+    return dict(_STAGES)
+
+
+def sections() -> tuple[Section, ...]:
+    load_wings()
+    return tuple(_SECTIONS.values())
+
+
+def claims() -> tuple[Any, ...]:
+    load_wings()
+    return tuple(_CLAIMS)
+
+
+def role_constant(name: str, module: str) -> Any:
+    """A module ``__getattr__`` for the names the pipeline's modules exported before the wings
+    owned their roles: ``ROLE_<ROLE>`` (e.g. ``ROLE_SCAPE``), ``SPARSE`` and ``DATA_PARALLEL``."""
+    if name == "SPARSE":
+        return sparse_roles()
+    if name == "DATA_PARALLEL":
+        return data_parallel_roles()
+    if name.startswith("ROLE_") and is_role(name.removeprefix("ROLE_").lower()):
+        return name.removeprefix("ROLE_").lower()
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")

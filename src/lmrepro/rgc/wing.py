@@ -1,0 +1,23 @@
+"""What the RGC wing registers with the pipeline (:mod:`lmrepro.pipeline.registry`): its roles
+(method ``rgc`` split by executor), their comparison with global backprop, the reference role of
+the ``rgc`` analysis, the ``rgc:`` section of the parameter file and its claims."""
+
+from __future__ import annotations
+
+from lmrepro.baseline.roles import ROLE_BACKPROP
+from lmrepro.pipeline.registry import (Role, register_claims, register_pairings, register_roles,
+                                       register_section, register_stage)
+from lmrepro.rgc.claims import CLAIMS
+from lmrepro.rgc.config import RGCSuite
+from lmrepro.rgc.roles import METHOD_RGC, ROLE_RGC_ASYNC, ROLE_RGC_SYNC
+
+WING = "rgc"
+
+register_roles(WING, Role(ROLE_RGC_ASYNC, METHOD_RGC, executors=("async",), label_executor=True),
+               Role(ROLE_RGC_SYNC, METHOD_RGC, executors=("sync",), label_executor=True))
+# docs/statistics.md: "... and RGC vs global backprop"
+register_pairings(WING, ((ROLE_RGC_ASYNC, ROLE_BACKPROP), (ROLE_RGC_SYNC, ROLE_BACKPROP)))
+register_stage("rgc", ROLE_BACKPROP, None)
+register_section(WING, RGCSuite, lambda s: [(f"rgc.corpora[{i}]", c)
+                                            for i, c in enumerate(s.corpora)])
+register_claims(WING, CLAIMS)

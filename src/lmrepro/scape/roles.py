@@ -1,0 +1,13 @@
+"""The SCAPE wing's roles in the analysis (each the summary's ``method``), registered by
+:mod:`lmrepro.scape.wing`."""
+
+ROLE_ADAMW = "adamw"                # data-parallel dense AdamW (SCAPE's dense baseline)
+ROLE_ADAMS = "adams"                # data-parallel dense AdamS
+ROLE_SCAPE = "scape"
+ROLE_TOPK = "topk"                  # top-k with error feedback on AdamS (the paper's foil)
+ROLE_SCAPE_STALE_M = "scape_stale_m"  # SCAPE with the stale-|m| mask rule (our ablation)
+ROLE_TOPK_ADAMW = "topk_adamw"      # top-k with error feedback on AdamW
+#: the sparse-communication roles (a label shows their sparsity)
+SPARSE = (ROLE_SCAPE, ROLE_SCAPE_STALE_M, ROLE_TOPK, ROLE_TOPK_ADAMW)
+#: every role of the wing: data-parallel replicas (their count is the world size)
+DATA_PARALLEL = (ROLE_ADAMW, ROLE_ADAMS, *SPARSE)
