@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from lmrepro.baseline.config import BaselineSuite
 from lmrepro.baseline.roles import ROLE_BACKPROP
 from lmrepro.pipeline.registry import Role, register_roles, register_section
 
@@ -11,5 +10,5 @@ WING = "baseline"
 
 # the RGC suite's backprop executor writes method "backprop" with executor "backprop"
 register_roles(WING, Role(ROLE_BACKPROP, "backprop", executors=(None, "backprop")))
-register_section(WING, BaselineSuite, lambda s: [(f"train.corpora[{i}]", c)
-                                                 for i, c in enumerate(s.corpora)])
+register_section(WING, "train", "lmrepro.baseline.config:BaselineSuite",
+                 lambda s: [(f"train.corpora[{i}]", c) for i, c in enumerate(s.corpora)])

@@ -27,40 +27,41 @@ file, the line and the column, e.g.::
 
 from __future__ import annotations
 
-import copy
-import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import yaml
-from pydantic import Field, ValidationError, model_validator
-from yaml.constructor import ConstructorError
+from pydantic import Field, ValidationError, create_model, model_validator
 
-from lmrepro.baseline.config import BaselineSuite
 from lmrepro.config import Section, config_error, field_error
 from lmrepro.data.spec import DataConfig
-from lmrepro.errors import ParameterError
 from lmrepro.model import ModelConfig
-from lmrepro.rgc.config import RGCSuite
-from lmrepro.scape.config import ScapeSuite
+from lmrepro.paramfile import (PROFILE_ENV, ParamsFileError, StrictLoader, deep_merge, load_yaml,
+                               read_params_file, resolve_profile)
+from lmrepro.pipeline import registry
 from lmrepro.stats import StatsConfig
+
+__all__ = ["PROFILE_ENV", "Params", "ParamsFileError", "StrictLoader", "deep_merge",
+           "load_params", "load_yaml", "params_model", "read_params_file", "resolve_profile",
+           "validate_profile"]
 
 
 class Params(Section):
-    """The whole validated configuration of one profile: each section is its component's own
-    configuration class."""
+    """The whole validated configuration of one profile: ``profile``, ``seeds``, ``data``,
+    ``model``, then each wing's section (its own configuration class, registered with
+    :func:`lmrepro.pipeline.registry.register_section`: ``train``, ``scape``, ``rgc``), then
+    ``stats``. The class that validates is :func:`params_model` (a subclass of this one, composed
+    of the registered sections); a wing's section reads as ``params.<key>``."""
 
     key: ClassVar[str] = ""
 
-    profile: str
-    seeds: list[int] = Field(min_length=1, description="training seeds: every training suite "
-                             "runs once per seed (>= 3 for a seed-level verdict)")
-    data: DataConfig
-    model: ModelConfig
-    train: BaselineSuite
-    scape: ScapeSuite
-    rgc: RGCSuite
-    stats: StatsConfig = StatsConfig()
+    if TYPE_CHECKING:
+        profile: str
+        seeds: list[int]
+        data: DataConfig
+        model: ModelConfig
+        stats: StatsConfig
+
+        def __getattr__(self, name: str) -> Any: ...
 
     @model_validator(mode="after")
     def _seeds_distinct(self) -> Params:
@@ -70,122 +71,41 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _corpora_prepared(self) -> Params:
-        used = [(f"train.corpora[{i}]", c) for i, c in enumerate(self.train.corpora)]
-        used += [(f"rgc.corpora[{i}]", c) for i, c in enumerate(self.rgc.corpora)]
-        used.append(("scape.corpus", self.scape.corpus))
-        for key, name in used:
-            if name not in self.data.use:
-                raise field_error(key, name, f"is not prepared by this profile "
-                                  f"(data.use = {self.data.use})")
+        for section in registry.sections():
+            for key, name in section.corpora(getattr(self, section.key)):
+                if name not in self.data.use:
+                    raise field_error(key, name, f"is not prepared by this profile "
+                                      f"(data.use = {self.data.use})")
         return self
 
 
-def deep_merge(base: dict, override: dict) -> dict:
-    """``base`` with ``override`` merged in; nested dicts merge, anything else replaces."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
+_MODEL: type[Params] | None = None
 
 
-#: environment variable that selects a profile without editing ``params.yaml`` (a published run
-#: is then made from a clean commit): ``LMREPRO_PROFILE=scaling dvc repro``
-PROFILE_ENV = "LMREPRO_PROFILE"
-
-
-def resolve_profile(raw: dict, profile: str | None = None) -> dict:
-    """The top level of ``raw`` merged with the named profile's overrides: ``profile``, else
-    :data:`PROFILE_ENV` when set, else the file's ``profile:``."""
-    raw = dict(raw)
-    profiles = raw.pop("profiles", {}) or {}
-    name = profile or os.environ.get(PROFILE_ENV) or raw.get("profile", "default")
-    if name != "default":
-        if name not in profiles:
-            raise ParameterError("profile", name,
-                                 f"must be 'default' or one of {sorted(profiles)}")
-        raw = deep_merge(raw, profiles[name])
-    raw["profile"] = name
-    return raw
-
-
-class ParamsFileError(ParameterError):
-    """The parameter file is not valid YAML: ``file:line:column: what is wrong``, one line."""
-
-    def __init__(self, path: str | Path, line: int | None, column: int | None, problem: str
-                 ) -> None:
-        self.name, self.value, self.allowed = "params_file", str(path), problem
-        where = str(path) + (f":{line}:{column}" if line is not None else "")
-        ValueError.__init__(self, f"{where}: {problem}")
-
-
-class StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader (plain data only: no tags that construct objects) that refuses a key
-    repeated in one mapping instead of keeping the last value. Merge keys (``<<: *base``) keep
-    their meaning: an explicit key may override a merged one."""
-
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, yaml.Mark] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.get(key)
-                except TypeError:           # an unhashable key: the base class words it
-                    continue
-                if first is not None:
-                    raise ConstructorError(
-                        None, None, f"duplicate key {key!r} (first given at line "
-                        f"{first.line + 1}); YAML would silently keep only the last value: "
-                        "remove one", key_node.start_mark)
-                seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
-
-
-def load_yaml(text: str, path: str | Path) -> Any:
-    """Parse YAML ``text`` with :class:`StrictLoader`; errors are :class:`ParamsFileError`."""
-    loader = StrictLoader(text)
-    try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        problem = " ".join(str(p) for p in (err.problem, f"({err.context})" if err.context
-                                            else None) if p)
-        kind = "" if isinstance(err, ConstructorError) else "YAML syntax error: "
-        raise ParamsFileError(path, mark.line + 1 if mark else None,
-                              mark.column + 1 if mark else None, kind + problem) from None
-    except yaml.YAMLError as err:
-        raise ParamsFileError(path, None, None, f"not valid YAML ({err})") from None
-    finally:
-        loader.dispose()
-
-
-def read_params_file(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a parameter file (clear errors for a missing or non-mapping file, a
-    syntax error and a duplicate key)."""
-    path = Path(path)
-    if not path.exists():
-        raise ParameterError("params_file", str(path), "must be an existing YAML file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ParamsFileError(path, None, None, f"is not UTF-8 text ({err.reason} at byte "
-                              f"{err.start})") from None
-    raw = load_yaml(text, path)
-    if not isinstance(raw, dict):
-        raise ParameterError("params_file", str(path), "must hold a YAML mapping at top level")
-    return raw
+def params_model() -> type[Params]:
+    """The schema of a profile: :class:`Params` with its fields in the file's order, the wings'
+    sections between ``model`` and ``stats`` in the order the wings register them."""
+    global _MODEL
+    if _MODEL is None:
+        fields: dict[str, Any] = {
+            "profile": (str, ...),
+            "seeds": (list[int], Field(min_length=1, description="training seeds: every "
+                                       "training suite runs once per seed (>= 3 for a "
+                                       "seed-level verdict)")),
+            "data": (DataConfig, ...),
+            "model": (ModelConfig, ...),
+        }
+        fields |= {s.key: (s.config_class(), ...) for s in registry.sections()}
+        fields["stats"] = (StatsConfig, StatsConfig())
+        _MODEL = create_model("Params", __base__=Params, __module__=__name__, **fields)
+    return _MODEL
 
 
 def validate_profile(raw: dict[str, Any], profile: str | None, where: str) -> Params:
     """Merge and validate one profile of a raw parameter mapping."""
     merged = resolve_profile(raw, profile)
     try:
-        return Params.model_validate(merged)
+        return params_model().model_validate(merged)
     except ValidationError as err:
         raise config_error(err, where=f"{where} (profile {merged['profile']!r})") from None
 

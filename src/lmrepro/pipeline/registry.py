@@ -46,13 +46,22 @@ class Role:
 
 @dataclass(frozen=True)
 class Section:
-    """A wing's section of the parameter file: the key, its configuration class and the corpora it
-    trains on (``(key path, corpus name)`` pairs, checked against ``data.use``)."""
+    """A wing's section of the parameter file: the ``key``, where its configuration class is
+    (``"module:Class"``, imported when the schema is built) and the corpora it trains on
+    (``(key path, corpus name)`` pairs of a validated section, checked against ``data.use``)."""
 
     key: str
-    config: type
+    config: str
     corpora: Callable[[Any], Sequence[tuple[str, str]]]
     wing: str = ""
+
+    def config_class(self) -> type:
+        """The configuration class; its ``key`` must be this section's."""
+        module, _, name = self.config.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        check(getattr(cls, "key", None) == self.key, f"section {self.key!r}", self.config,
+              f"must be a configuration class whose key is {self.key!r}")
+        return cls
 
 
 _METHODS: dict[str, dict[str | None, str]] = {}      # method -> {executor: role}
@@ -60,7 +69,7 @@ _ROLES: dict[str, Role] = {}
 _PAIRINGS: list[tuple[str, str]] = []
 _STAGES: dict[str, tuple[str, str | None]] = {}
 _SECTIONS: dict[str, Section] = {}
-_CLAIMS: list[Any] = []
+_CLAIMS: list[str] = []                              # modules holding CLAIMS
 _loaded = False
 
 
@@ -98,17 +107,21 @@ def register_stage(stage: str, throughput: str, communication: str | None = None
     _STAGES[stage] = (throughput, communication)
 
 
-def register_section(wing: str, config: type,
+def register_section(wing: str, key: str, config: str,
                      corpora: Callable[[Any], Sequence[tuple[str, str]]]) -> None:
-    """Register a wing's section of the parameter file: ``config.key`` is its key."""
-    key = config.key  # type: ignore[attr-defined]
+    """Register a wing's section ``key`` of the parameter file, validated by the class
+    ``config`` (``"module:Class"``: imported when the schema is built, so what needs only the
+    roles does not load the wings' configurations), with the corpora it trains on."""
     check(key not in _SECTIONS, "section", key, "must be registered once")
     _SECTIONS[key] = Section(key, config, corpora, wing)
 
 
-def register_claims(wing: str, claims: Sequence[Any]) -> None:
-    """Register a wing's claims (:class:`lmrepro.pipeline.claims.Claim`), in table order."""
-    _CLAIMS.extend(claims)
+def register_claims(wing: str, module: str) -> None:
+    """Register a wing's claims: ``module`` (e.g. ``"lmrepro.scape.claims"``) holds them as
+    ``CLAIMS`` (:class:`lmrepro.pipeline.claims.Claim`, in table order). The module is imported
+    when the claims are first asked for, so what needs only the roles (a training stage) does not
+    load the claims and their measures."""
+    _CLAIMS.append(module)
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,8 +193,9 @@ def sections() -> tuple[Section, ...]:
 
 
 def claims() -> tuple[Any, ...]:
+    """Every registered claim, in the order the wings registered their modules."""
     load_wings()
-    return tuple(_CLAIMS)
+    return tuple(c for module in _CLAIMS for c in importlib.import_module(module).CLAIMS)
 
 
 def role_constant(name: str, module: str) -> Any:

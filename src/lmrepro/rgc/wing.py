@@ -7,8 +7,6 @@ from __future__ import annotations
 from lmrepro.baseline.roles import ROLE_BACKPROP
 from lmrepro.pipeline.registry import (Role, register_claims, register_pairings, register_roles,
                                        register_section, register_stage)
-from lmrepro.rgc.claims import CLAIMS
-from lmrepro.rgc.config import RGCSuite
 from lmrepro.rgc.roles import METHOD_RGC, ROLE_RGC_ASYNC, ROLE_RGC_SYNC
 
 WING = "rgc"
@@ -18,6 +16,6 @@ register_roles(WING, Role(ROLE_RGC_ASYNC, METHOD_RGC, executors=("async",), labe
 # docs/statistics.md: "... and RGC vs global backprop"
 register_pairings(WING, ((ROLE_RGC_ASYNC, ROLE_BACKPROP), (ROLE_RGC_SYNC, ROLE_BACKPROP)))
 register_stage("rgc", ROLE_BACKPROP, None)
-register_section(WING, RGCSuite, lambda s: [(f"rgc.corpora[{i}]", c)
-                                            for i, c in enumerate(s.corpora)])
-register_claims(WING, CLAIMS)
+register_section(WING, "rgc", "lmrepro.rgc.config:RGCSuite",
+                 lambda s: [(f"rgc.corpora[{i}]", c) for i, c in enumerate(s.corpora)])
+register_claims(WING, "lmrepro.rgc.claims")

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from lmrepro.pipeline.registry import (Role, register_claims, register_pairings, register_roles,
                                        register_section, register_stage)
-from lmrepro.scape.claims import CLAIMS
-from lmrepro.scape.config import ScapeSuite
 from lmrepro.scape.roles import (ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_SCAPE_STALE_M,
                                  ROLE_TOPK, ROLE_TOPK_ADAMW, SPARSE)
 
@@ -22,5 +20,6 @@ register_pairings(WING, (
     (ROLE_SCAPE_STALE_M, ROLE_ADAMW), (ROLE_SCAPE_STALE_M, ROLE_ADAMS),
     (ROLE_TOPK, ROLE_ADAMW), (ROLE_TOPK, ROLE_ADAMS), (ROLE_TOPK_ADAMW, ROLE_ADAMW)))
 register_stage("scape", ROLE_ADAMW, ROLE_ADAMS)
-register_section(WING, ScapeSuite, lambda s: [("scape.corpus", s.corpus)])
-register_claims(WING, CLAIMS)
+register_section(WING, "scape", "lmrepro.scape.config:ScapeSuite",
+                 lambda s: [("scape.corpus", s.corpus)])
+register_claims(WING, "lmrepro.scape.claims")
