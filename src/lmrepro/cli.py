@@ -34,6 +34,14 @@ def _add_params_args(p: argparse.ArgumentParser) -> None:
                    help="profile in params.yaml (default: its 'profile')")
 
 
+def _load_params(path: str, profile: str | None = None):
+    """:func:`lmrepro.pipeline.params.load_params`, imported when a command reads the file (the
+    whole schema, every wing's section: :mod:`lmrepro.wings`)."""
+    from lmrepro.pipeline.params import load_params
+
+    return load_params(path, profile)
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from lmrepro.io import atomic_write_json
     from lmrepro.pipeline.params import load_params
@@ -167,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     from lmrepro.scape import cli as scape_cli
     from lmrepro.scape import predict_cli
 
-    for module in (data_cli, scape_cli, rgc_cli, predict_cli):
+    data_cli.register(sub, load_params=_load_params)
+    for module in (scape_cli, rgc_cli, predict_cli):
         module.register(sub)
     return parser
 

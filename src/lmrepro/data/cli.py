@@ -7,6 +7,11 @@
 ``fetch``/``prepare`` default to the corpora in ``data.use`` of the active profile and read
 ``data.raw_dir``, ``data.prepared_dir`` and ``data.corpora.<name>`` from params.yaml. A data
 problem (unreachable source, checksum mismatch) prints one message and exits with status 1.
+
+The parameter file is read by the loader :func:`register` is given: ``lmrepro`` passes the whole
+schema's (:func:`lmrepro.pipeline.params.load_params`, every profile validated); without one,
+:func:`load_data_params` validates the ``data:`` section of the active profile only (this module
+does not import the pipeline, which sits above it).
 """
 
 from __future__ import annotations
@@ -14,9 +19,38 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
+
+
+class DataParams(NamedTuple):
+    """What the data commands read of a parameter file: its active profile and ``data:``."""
+
+    profile: str
+    data: Any
+
+
+def load_data_params(path: str | Path, profile: str | None = None) -> DataParams:
+    """The ``data:`` section of the active profile of ``path``, validated
+    (:class:`lmrepro.data.spec.DataConfig`)."""
+    from pydantic import ValidationError
+
+    from lmrepro.config import config_error
+    from lmrepro.data.spec import DataConfig
+    from lmrepro.errors import ParameterError
+    from lmrepro.paramfile import read_params_file, resolve_profile
+
+    merged = resolve_profile(read_params_file(path), profile)
+    if not isinstance(merged.get("data"), dict):
+        raise ParameterError("data", merged.get("data"), f"must be a mapping in {path}")
+    try:
+        return DataParams(merged["profile"], DataConfig.model_validate(merged["data"]))
+    except ValidationError as err:
+        raise config_error(err, prefix="data",
+                           where=f"{path} (profile {merged['profile']!r})") from None
 
 
 def _params_args(p: argparse.ArgumentParser) -> None:
@@ -29,9 +63,9 @@ def _params_args(p: argparse.ArgumentParser) -> None:
 
 def _selected(args: argparse.Namespace) -> tuple[Any, list[str]]:
     from lmrepro.errors import check
-    from lmrepro.pipeline.params import load_params
 
-    params = load_params(args.params, args.profile)
+    load = getattr(args, "load_params", None) or load_data_params
+    params = load(args.params, args.profile)
     names = list(args.corpora) or list(params.data.use)
     known = sorted(params.data.corpora)
     for name in names:
@@ -90,8 +124,11 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``install-corpus``, ``fetch`` and ``prepare`` to the ``lmrepro`` command."""
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+             load_params: Callable[[str, str | None], Any] | None = None) -> None:
+    """Add ``install-corpus``, ``fetch`` and ``prepare`` to the ``lmrepro`` command;
+    ``load_params(path, profile)`` reads the parameter file (an object with ``.data``; default
+    :func:`load_data_params`)."""
     p = subparsers.add_parser("install-corpus",
                               help="install the embedded offline corpus (Shakespeare)")
     p.add_argument("--dest", default=None,
@@ -103,10 +140,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = subparsers.add_parser("fetch", help="download/verify raw corpora into data.raw_dir")
     _params_args(p)
-    p.set_defaults(func=_cmd_fetch)
+    p.set_defaults(func=_cmd_fetch, load_params=load_params)
 
     p = subparsers.add_parser("prepare",
                               help="write train/val/test.bin + manifest.json per corpus")
     _params_args(p)
     p.add_argument("--force", action="store_true", help="prepare even if up to date")
-    p.set_defaults(func=_cmd_prepare)
+    p.set_defaults(func=_cmd_prepare, load_params=load_params)
