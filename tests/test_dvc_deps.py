@@ -80,6 +80,26 @@ def imported_modules(tree: ast.AST, current: str, is_package: bool) -> set[str]:
     return {m for m in found if module_path(m)}
 
 
+def registered(function: str) -> set[str]:
+    """The modules the wings name in their registrations (``register_claims(WING, "module")``,
+    ``register_section(WING, key, "module:Class", ...)`` in each wing's ``wing.py``)."""
+    found = set()
+    for path in SRC.glob("lmrepro/*/wing.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == function:
+                found |= {a.value.partition(":")[0] for a in node.args
+                          if isinstance(a, ast.Constant) and str(a.value).startswith("lmrepro.")}
+    return found
+
+
+#: imports made by name (``importlib``) that the traversal follows too: the pipeline's registry
+#: loads the wings' registrations (``lmrepro.wings``) when it first needs them, the schema
+#: (``lmrepro.pipeline.params``) the wings' configuration classes and the claims registry
+#: (``lmrepro.pipeline.claims``) the modules the wings register claims from
+DYNAMIC_IMPORTS = {"lmrepro.pipeline.registry": {"lmrepro.wings"},
+                   "lmrepro.pipeline.params": registered("register_section"),
+                   "lmrepro.pipeline.claims": registered("register_claims")}
+
 PARAMS = "lmrepro.pipeline.params"
 RESOLVED = "results/params.json"
 
@@ -102,6 +122,7 @@ def closure(roots: set[str], leaves: frozenset[str] = frozenset()) -> set[Path]:
         assert path is not None, name
         tree = ast.parse(path.read_text(), filename=str(path))
         todo += imported_modules(tree, name, path.name == "__init__.py")
+        todo += DYNAMIC_IMPORTS.get(name, set())
     return {module_path(m) for m in seen}
 
 
@@ -144,3 +165,8 @@ def test_the_check_follows_function_level_and_relative_imports() -> None:
     reached = closure({"lmrepro.scape.stage"})
     assert SRC / "lmrepro" / "optim" / "adams.py" in reached
     assert SRC / "lmrepro" / "scape" / "trainer.py" in closure({"lmrepro.scape.cli"})
+    # and the wings' registrations, which the pipeline's registry loads by name
+    assert SRC / "lmrepro" / "rgc" / "wing.py" in closure({"lmrepro.pipeline.runs"})
+    assert registered("register_claims") == {"lmrepro.scape.claims", "lmrepro.rgc.claims"}
+    assert SRC / "lmrepro" / "rgc" / "claims.py" in closure({"lmrepro.pipeline.claims"})
+    assert SRC / "lmrepro" / "scape" / "config.py" in closure({"lmrepro.pipeline.params"})
