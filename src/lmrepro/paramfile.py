@@ -83,7 +83,7 @@ class StrictLoader(yaml.SafeLoader):
                         f"{first.line + 1}); YAML would silently keep only the last value: "
                         "remove one", key_node.start_mark)
                 seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_yaml(text: str, path: str | Path) -> Any:
