@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import enum
 import fcntl
 import functools
+import importlib
 import inspect
 import json
 import logging
@@ -65,17 +65,13 @@ WRITER_LOCK = ".writer.lock"
 BYTE_KINDS = ("grad_values", "param_values", "mask", "total")
 
 
-class Method(enum.StrEnum):
-    """What a run trained with; the analysis picks baselines by this role, never by run name."""
-
-    BACKPROP = "backprop"      # single-process global backprop with AdamW (baseline, RGC's foil)
-    ADAMW = "adamw"            # data-parallel dense AdamW (SCAPE's dense baseline)
-    ADAMS = "adams"            # data-parallel dense AdamS
-    SCAPE = "scape"            # SCAPE (sparse AdamS, the authors' error-feedback momentum rule)
-    SCAPE_STALE_M = "scape_stale_m"   # SCAPE with the stale-|m| mask rule (an ablation)
-    TOPK = "topk"              # raw-gradient top-k with error feedback on AdamS (SCAPE's foil)
-    TOPK_ADAMW = "topk_adamw"  # the same top-k on AdamW
-    RGC = "rgc"                # bounded-horizon local training with readout-gradient consensus
+def __getattr__(name: str) -> Any:
+    """``Method``: every method the wings register, as one enumeration (kept for the code that
+    imported it from here; it lives in :mod:`lmrepro.wings`, above this module: the wings own
+    their methods, e.g. :class:`lmrepro.scape.roles.ScapeMethod`)."""
+    if name == "Method":
+        return importlib.import_module("lmrepro.wings").Method
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class RunSummary(BaseModel):
@@ -96,7 +92,9 @@ class RunSummary(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, use_enum_values=True)
 
     name: str
-    method: Method
+    method: str = Field(min_length=1, description="what the run trained with: a method a wing "
+                        "registers (e.g. 'scape'; lmrepro.pipeline.registry); the analysis picks "
+                        "baselines by its role, never by run name")
     corpus: str
     seed: int
     steps: int = Field(ge=0)

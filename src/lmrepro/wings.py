@@ -12,7 +12,12 @@ The pipeline loads this module by name when it first needs the vocabulary
 
 from __future__ import annotations
 
+import enum
+
+from lmrepro.baseline.roles import BaselineMethod
 from lmrepro.pipeline.registry import load_wings
+from lmrepro.rgc.roles import RGCMethod
+from lmrepro.scape.roles import ScapeMethod
 
 # isort: off  (the order of registration)
 from lmrepro.baseline import wing as baseline_wing
@@ -22,4 +27,9 @@ from lmrepro.rgc import wing as rgc_wing
 
 WINGS = (baseline_wing, scape_wing, rgc_wing)
 
-__all__ = ["WINGS", "load_wings"]
+#: every wing's methods as one enumeration (``lmrepro.results.Method`` reads it from here), in
+#: the wings' order: ``Method.SCAPE == "scape"`` (its members are known at run time only)
+Method = enum.StrEnum("Method", [  # type: ignore[misc]
+    (m.name, m.value) for e in (BaselineMethod, ScapeMethod, RGCMethod) for m in e])
+
+__all__ = ["WINGS", "Method", "load_wings"]

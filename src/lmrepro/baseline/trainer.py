@@ -25,13 +25,14 @@ import torch
 from tqdm.auto import tqdm
 
 from lmrepro.baseline.config import BaselineConfig
+from lmrepro.baseline.roles import BaselineMethod
 from lmrepro.data.batches import check_context, sample_batch
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.io import append_jsonl, read_jsonl
 from lmrepro.memory import Memory, MemorySampler, memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import weight_decay_groups
-from lmrepro.results import (METRICS, Method, RunSummary, checkpoint, holds_writer_lock,
+from lmrepro.results import (METRICS, RunSummary, checkpoint, holds_writer_lock,
                              load_checkpoint, step_time_std, truncate_metrics, write_eval_losses,
                              write_summary)
 
@@ -152,7 +153,7 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
     append_jsonl(metrics_path, {"step": settings.steps, "eval_bpb": final_bpb})
     write_eval_losses(out_dir, losses, settings.eval_batch_size, model_cfg.context)
     summary = write_summary(out_dir, RunSummary(
-        name=name, method=Method.BACKPROP, corpus=corpus, seed=seed, steps=settings.steps,
+        name=name, method=BaselineMethod.BACKPROP, corpus=corpus, seed=seed, steps=settings.steps,
         tokens=settings.steps * tokens_per_step, final_bpb=final_bpb,
         mean_step_time_s=elapsed / settings.steps,
         tokens_per_s=settings.steps * tokens_per_step / max(elapsed, 1e-12),

@@ -22,15 +22,17 @@ import torch
 
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
+from lmrepro.baseline.roles import BaselineMethod
 from lmrepro.io import append_jsonl
 from lmrepro.lifetime import FAULT_ENV, armed_fault
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import flat_to_grads
 from lmrepro.optim.groups import weight_decay_groups
 from lmrepro.memory import Memory, memory_fields
-from lmrepro.results import (Method, RunSummary, checkpoint, load_checkpoint, step_time_std,
+from lmrepro.results import (RunSummary, checkpoint, load_checkpoint, step_time_std,
                              truncate_metrics, write_eval_losses, write_summary)
 from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.roles import RGCMethod
 
 
 def build_model(cfg: RGCConfig, seed: int) -> ByteTransformer:
@@ -278,10 +280,10 @@ def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, s
     trained = cfg.steps - start_step
     if trained == 0 or train_time_s <= 0:
         trained, train_time_s = len(step_times), float(sum(step_times))
-    method = Method.BACKPROP if executor == "backprop" else Method.RGC
+    method = BaselineMethod.BACKPROP if executor == "backprop" else RGCMethod.RGC
     is_async = executor == "async"
     return {
-        "name": name or (f"rgc-{executor}" if method == Method.RGC else "backprop"),
+        "name": name or (f"rgc-{executor}" if method == RGCMethod.RGC else "backprop"),
         "method": method, "executor": executor, "corpus": corpus, "seed": seed,
         "steps": cfg.steps, "tokens": cfg.steps * tokens_per_step,
         "final_bpb": bits_per_byte(eval_losses),
@@ -295,8 +297,8 @@ def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, s
         "details": {"threads_per_process": list(cfg.worker_threads) if is_async
                     else [cfg.single_process_threads],
                     "placement": cfg.placement if is_async else [list(range(cfg.n_stages))],
-                    "horizon": cfg.horizon if method == Method.RGC else None,
-                    "consensus_staleness": cfg.consensus_staleness if method == Method.RGC
+                    "horizon": cfg.horizon if method == RGCMethod.RGC else None,
+                    "consensus_staleness": cfg.consensus_staleness if method == RGCMethod.RGC
                     else None,
                     "cores_declared": cfg.cores, "machine_cores": os.cpu_count(),
                     "oversubscribed": (cfg.async_threads if is_async

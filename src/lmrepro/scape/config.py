@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from lmrepro.config import Section, field_error
 from lmrepro.evaluation import TrainingConfig
 from lmrepro.model import ModelConfig
-from lmrepro.results import Method
+from lmrepro.scape.roles import ScapeMethod as Method
 
 OPTIMIZERS = ("adamw", "adams", "scape", "topk")
 DENSE = ("adamw", "adams")
@@ -97,7 +97,7 @@ class ScapeRun(Section):
 
     @property
     def method(self) -> Method:
-        """The run's role in the analysis (:class:`lmrepro.results.Method`)."""
+        """The run's role in the analysis (:class:`lmrepro.scape.roles.ScapeMethod`)."""
         if self.optimizer == "scape":
             return Method.SCAPE if self.mask_rule == "ef_momentum" else Method.SCAPE_STALE_M
         if self.optimizer == "topk":

@@ -1,6 +1,20 @@
 """The SCAPE wing's roles in the analysis (each the summary's ``method``), registered by
 :mod:`lmrepro.scape.wing`."""
 
+import enum
+
+
+class ScapeMethod(enum.StrEnum):
+    """The SCAPE wing's methods, as ``RunSummary.method`` records them (each is its own role)."""
+
+    ADAMW = "adamw"            # data-parallel dense AdamW (SCAPE's dense baseline)
+    ADAMS = "adams"            # data-parallel dense AdamS
+    SCAPE = "scape"            # SCAPE (sparse AdamS, the authors' error-feedback momentum rule)
+    SCAPE_STALE_M = "scape_stale_m"   # SCAPE with the stale-|m| mask rule (an ablation)
+    TOPK = "topk"              # raw-gradient top-k with error feedback on AdamS (SCAPE's foil)
+    TOPK_ADAMW = "topk_adamw"  # the same top-k on AdamW
+
+
 ROLE_ADAMW = "adamw"                # data-parallel dense AdamW (SCAPE's dense baseline)
 ROLE_ADAMS = "adams"                # data-parallel dense AdamS
 ROLE_SCAPE = "scape"
