@@ -64,11 +64,27 @@ class Section:
         return cls
 
 
+@dataclass(frozen=True)
+class Report:
+    """What a wing adds to the index (``reports/index.html``): its part of the scale sentence
+    (``scale(resolved parameters, n_params by stage) -> str | None``; ``rank`` orders the parts:
+    the papers' suites at 0, the baseline after them) and the result files whose sha256 the index
+    records: training ``metrics``, ``analyses`` (``analysis.json``) and ``extra`` files."""
+
+    wing: str
+    scale: Callable[[Mapping[str, Any], Mapping[str, int]], str | None] | None = None
+    rank: int = 0
+    metrics: tuple[str, ...] = ()
+    analyses: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+
+
 _METHODS: dict[str, dict[str | None, str]] = {}      # method -> {executor: role}
 _ROLES: dict[str, Role] = {}
 _PAIRINGS: list[tuple[str, str]] = []
 _STAGES: dict[str, tuple[str, str | None]] = {}
 _SECTIONS: dict[str, Section] = {}
+_REPORTS: list[Report] = []
 _CLAIMS: list[str] = []                              # modules holding CLAIMS
 _loaded = False
 
@@ -122,6 +138,18 @@ def register_claims(wing: str, module: str) -> None:
     when the claims are first asked for, so what needs only the roles (a training stage) does not
     load the claims and their measures."""
     _CLAIMS.append(module)
+
+
+def parameter_count(n_params: Mapping[str, int], stage: str) -> str:
+    """``", 0.85M parameters"``: the largest parameter count of a stage's runs, where known (a
+    part of a :class:`Report` ``scale``: :func:`lmrepro.pipeline.report.scale_sentence`)."""
+    n = n_params.get(stage)
+    return f", {n / 1e6:.2f}M parameters" if n else ""
+
+
+def register_report(report: Report) -> None:
+    """Register what a wing adds to the index (:class:`Report`)."""
+    _REPORTS.append(report)
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,6 +218,12 @@ def stages() -> Mapping[str, tuple[str, str | None]]:
 def sections() -> tuple[Section, ...]:
     load_wings()
     return tuple(_SECTIONS.values())
+
+
+def reports() -> tuple[Report, ...]:
+    """The wings' :class:`Report` s, in registration order."""
+    load_wings()
+    return tuple(_REPORTS)
 
 
 def claims() -> tuple[Any, ...]:

@@ -33,25 +33,46 @@ import yaml
 from lmrepro.data.prepare import FORMAT as MANIFEST_FORMAT
 from lmrepro.errors import ParameterError, check
 from lmrepro.io import atomic_write_json, atomic_write_text, read_json, sha256_file
+from lmrepro.pipeline import registry
+from lmrepro.pipeline.registry import parameter_count
 from lmrepro.pipeline.provenance import (PACKAGES, git_info, git_remote_url, machine_info,
                                          package_versions)
 
 __all__ = ["PACKAGES", "PROVENANCE", "bibtex_entry", "build_index", "git_info", "machine_info",
            "package_versions", "plain_citation", "read_citation", "read_manifest",
            "reference_bibtex", "reference_citations", "render_index", "report_stage",
-           "scale_sentence", "stage_durations"]
+           "scale_sentence", "stage_durations", "analyses", "result_files", "parameter_count"]
 
 PROVENANCE = "provenance.json"
-#: the result files whose sha256 the index records (those that exist), relative to the root
-RESULT_FILES = ("results/params.json", "results/baseline/metrics.json",
-                "results/scape/metrics.json", "results/rgc/metrics.json",
-                "results/analysis/scape/analysis.json", "results/analysis/rgc/analysis.json",
-                "results/analysis/claims.csv", "results/analysis/claims.json",
-                "results/analysis/forest.png", "results/steptime/predictions.json")
 CLAIMS_CSV = "results/analysis/claims.csv"
 FOREST_PNG = "results/analysis/forest.png"
 RESOLVED_PARAMS = "results/params.json"
-ANALYSES = ("results/analysis/scape/analysis.json", "results/analysis/rgc/analysis.json")
+
+
+def analyses() -> tuple[str, ...]:
+    """The ``analysis.json`` files the wings register
+    (:class:`lmrepro.pipeline.registry.Report`)."""
+    return tuple(f for r in registry.reports() for f in r.analyses)
+
+
+def result_files() -> tuple[str, ...]:
+    """The result files whose sha256 the index records (those that exist), relative to the root:
+    the resolved parameters, the wings' training metrics, their analyses, the claims table, its
+    metric and the forest plot, then the wings' other files."""
+    reports = registry.reports()
+    return (RESOLVED_PARAMS, *(f for r in reports for f in r.metrics), *analyses(),
+            CLAIMS_CSV, "results/analysis/claims.json", FOREST_PNG,
+            *(f for r in reports for f in r.extra))
+
+
+def __getattr__(name: str) -> Any:
+    """``RESULT_FILES`` and ``ANALYSES``: :func:`result_files` and :func:`analyses`."""
+    if name == "RESULT_FILES":
+        return result_files()
+    if name == "ANALYSES":
+        return analyses()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # --------------------------------------------------------------------------------------------
 # Provenance facts
@@ -363,30 +384,8 @@ def scale_sentence(params: Mapping[str, Any] | None, machine: Mapping[str, Any],
         return f"No resolved parameters were found (results/params.json); machine: {where}."
     n_params = n_params or {}
     seeds = params.get("seeds") or []
-    model = params.get("model") or {}
-    parts = []
-
-    def count(stage: str) -> str:
-        n = n_params.get(stage)
-        return f", {n / 1e6:.2f}M parameters" if n else ""
-
-    scape = params.get("scape") or {}
-    if scape:
-        m = scape.get("model") or model
-        parts.append(f"SCAPE suite: {len(scape.get('runs') or [])} runs of a "
-                     f"{m.get('n_layers')}-layer, d={m.get('d_model')} model{count('scape')}, "
-                     f"{scape.get('steps')} steps, {scape.get('world_size')} workers, on "
-                     f"{scape.get('corpus')}")
-    rgc = params.get("rgc") or {}
-    if rgc:
-        parts.append(f"RGC suite: {rgc.get('n_layers')} layers x d={rgc.get('d_model')} in "
-                     f"{rgc.get('n_stages')} stages{count('rgc')}, {rgc.get('steps')} steps, "
-                     f"executors {', '.join(rgc.get('executors') or [])}, on "
-                     f"{', '.join(rgc.get('corpora') or [])}")
-    train = params.get("train") or {}
-    if train:
-        parts.append(f"baseline: {model.get('n_layers')} layers x d={model.get('d_model')}, "
-                     f"{train.get('steps')} steps")
+    parts = [part for r in sorted(registry.reports(), key=lambda r: r.rank) if r.scale
+             and (part := r.scale(params, n_params))]
     n = len(seeds)
     return (f"This run (profile {params.get('profile', '?')!r}, {n} training seed"
             f"{'s' * (n != 1)} {', '.join(str(x) for x in seeds)}) is small next to the papers': "
@@ -622,4 +621,4 @@ def report_stage(params_file: str | Path = "params.yaml", reports_dir: str | Pat
     return build_index(reports_dir, params_file, manifests, "CITATION.cff",
                        out=Path(reports_dir) / "index.html", claims_csv=CLAIMS_CSV,
                        forest_png=FOREST_PNG, resolved_params=RESOLVED_PARAMS,
-                       result_files=RESULT_FILES, analyses=ANALYSES)
+                       result_files=result_files(), analyses=analyses())

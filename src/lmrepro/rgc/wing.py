@@ -4,8 +4,12 @@ the ``rgc`` analysis, the ``rgc:`` section of the parameter file and its claims.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from lmrepro.baseline.roles import ROLE_BACKPROP
-from lmrepro.pipeline.registry import (Role, register_claims, register_pairings, register_roles,
+from lmrepro.pipeline.registry import (Report, Role, parameter_count, register_claims,
+                                       register_pairings, register_report, register_roles,
                                        register_section, register_stage)
 from lmrepro.rgc.roles import METHOD_RGC, ROLE_RGC_ASYNC, ROLE_RGC_SYNC
 
@@ -19,3 +23,18 @@ register_stage("rgc", ROLE_BACKPROP, None)
 register_section(WING, "rgc", "lmrepro.rgc.config:RGCSuite",
                  lambda s: [(f"rgc.corpora[{i}]", c) for i, c in enumerate(s.corpora)])
 register_claims(WING, "lmrepro.rgc.claims")
+
+
+def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
+    """The RGC suite's part of the index's scale sentence."""
+    rgc = params.get("rgc") or {}
+    if not rgc:
+        return None
+    return (f"RGC suite: {rgc.get('n_layers')} layers x d={rgc.get('d_model')} in "
+            f"{rgc.get('n_stages')} stages{parameter_count(n_params, 'rgc')}, "
+            f"{rgc.get('steps')} steps, executors {', '.join(rgc.get('executors') or [])}, on "
+            f"{', '.join(rgc.get('corpora') or [])}")
+
+
+register_report(Report(WING, scale, metrics=("results/rgc/metrics.json",),
+                       analyses=("results/analysis/rgc/analysis.json",)))

@@ -4,7 +4,11 @@ roles of the ``scape`` analysis, the ``scape:`` section of the parameter file an
 
 from __future__ import annotations
 
-from lmrepro.pipeline.registry import (Role, register_claims, register_pairings, register_roles,
+from collections.abc import Mapping
+from typing import Any
+
+from lmrepro.pipeline.registry import (Report, Role, parameter_count, register_claims,
+                                       register_pairings, register_report, register_roles,
                                        register_section, register_stage)
 from lmrepro.scape.roles import (ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_SCAPE_STALE_M,
                                  ROLE_TOPK, ROLE_TOPK_ADAMW, SPARSE)
@@ -23,3 +27,20 @@ register_stage("scape", ROLE_ADAMW, ROLE_ADAMS)
 register_section(WING, "scape", "lmrepro.scape.config:ScapeSuite",
                  lambda s: [("scape.corpus", s.corpus)])
 register_claims(WING, "lmrepro.scape.claims")
+
+
+def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
+    """The SCAPE suite's part of the index's scale sentence."""
+    scape = params.get("scape") or {}
+    if not scape:
+        return None
+    m = scape.get("model") or params.get("model") or {}
+    return (f"SCAPE suite: {len(scape.get('runs') or [])} runs of a "
+            f"{m.get('n_layers')}-layer, d={m.get('d_model')} model"
+            f"{parameter_count(n_params, 'scape')}, {scape.get('steps')} steps, "
+            f"{scape.get('world_size')} workers, on {scape.get('corpus')}")
+
+
+register_report(Report(WING, scale, metrics=("results/scape/metrics.json",),
+                       analyses=("results/analysis/scape/analysis.json",),
+                       extra=("results/steptime/predictions.json",)))
