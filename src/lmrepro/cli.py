@@ -170,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--readme", default="README.md", help="README to update (reference run)")
     p.set_defaults(func=_cmd_publish)
 
+    # the composition: every wing's registrations with the pipeline (roles, sections, claims)
+    from lmrepro.wings import load_wings
+
+    load_wings()
     from lmrepro.data import cli as data_cli
     from lmrepro.rgc import cli as rgc_cli
     from lmrepro.scape import cli as scape_cli

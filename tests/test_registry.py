@@ -1,0 +1,48 @@
+"""The wings' registrations with the pipeline (lmrepro.pipeline.registry): the vocabulary the
+shared parts read, unchanged from when the pipeline named it itself."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from lmrepro.errors import ParameterError
+from lmrepro.pipeline import analysis as A
+from lmrepro.pipeline import comparisons, registry
+from lmrepro.results import Method
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "lmrepro"
+METHODS = ("backprop", "adamw", "adams", "scape", "scape_stale_m", "topk", "topk_adamw", "rgc")
+
+
+def test_methods_roles_and_pairings() -> None:
+    assert registry.methods() == METHODS
+    assert tuple(m.value for m in Method) == METHODS
+    assert A.DATA_PARALLEL == ("adamw", "adams", "scape", "scape_stale_m", "topk", "topk_adamw")
+    assert A.SPARSE == ("scape", "scape_stale_m", "topk", "topk_adamw")
+    assert comparisons.DEFAULT_PAIRINGS == A.DEFAULT_PAIRINGS == (
+        ("scape", "adamw"), ("scape", "adams"), ("scape_stale_m", "adamw"),
+        ("scape_stale_m", "adams"), ("topk", "adamw"), ("topk", "adams"),
+        ("topk_adamw", "adamw"), ("rgc_async", "backprop"), ("rgc_sync", "backprop"))
+    assert A.STAGE_REFERENCES == {"scape": ("adamw", "adams"), "rgc": ("backprop", None)}
+    assert [s.key for s in registry.sections()] == ["train", "scape", "rgc"]
+    assert [c.id for c in registry.claims()][0].startswith("scape-")
+    with pytest.raises(AttributeError):
+        A.ROLE_SGD  # noqa: B018
+
+
+def test_a_role_is_registered_once() -> None:
+    with pytest.raises(ParameterError, match="registered once"):
+        registry.register_roles("test", registry.Role("scape", "scape"))
+
+
+def test_the_shared_parts_name_no_method() -> None:
+    """No string constant of the pipeline or results.py is a method or role name."""
+    names = set(registry.methods()) | set(registry.roles())
+    for path in [*sorted((SRC / "pipeline").glob("*.py")), SRC / "results.py"]:
+        found = [n.value for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, ast.Constant) and n.value in names
+                 and not (path.name == "claims.py" and n.value in ("scape", "rgc"))]
+        assert not found, f"{path.name} names {found}"
