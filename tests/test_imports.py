@@ -148,7 +148,10 @@ def test_no_import_cycle_between_the_pipeline_modules() -> None:
 
 def test_dependencies_point_downwards_from_the_wings() -> None:
     """The pipeline and the other shared parts import no wing (the wings register with the
-    pipeline instead: ``lmrepro.pipeline.registry``)."""
+    pipeline instead: ``lmrepro.pipeline.registry``), and no wing imports another."""
     upward = sorted((short(a), short(b), sorted(m)) for (a, b), m in unit_graph().items()
                     if a in SHARED and b in WINGS)
     assert not upward, f"shared parts import wings: {upward}"
+    across = sorted((short(a), short(b), sorted(m)) for (a, b), m in unit_graph().items()
+                    if a in WINGS and b in WINGS)
+    assert not across, f"a wing imports another: {across}"

@@ -29,7 +29,7 @@ WINGS = (baseline_wing, scape_wing, rgc_wing)
 
 #: every wing's methods as one enumeration (``lmrepro.results.Method`` reads it from here), in
 #: the wings' order: ``Method.SCAPE == "scape"`` (its members are known at run time only)
-Method = enum.StrEnum("Method", [  # type: ignore[misc]
-    (m.name, m.value) for e in (BaselineMethod, ScapeMethod, RGCMethod) for m in e])
+Method = enum.StrEnum("Method", list({  # type: ignore[misc]
+    m.name: m.value for e in (BaselineMethod, ScapeMethod, RGCMethod) for m in e}.items()))
 
 __all__ = ["WINGS", "Method", "load_wings"]

@@ -10,8 +10,7 @@ from lmrepro.pipeline.records import AnalysisRecords, ResourceRecord
 from lmrepro.pipeline.runs import GIB
 from lmrepro.pipeline.claims import (Claim, Measured, comparison_scale, noninferiority_measure,
                                      resources, spread_text, timing_verdict)
-from lmrepro.baseline.roles import ROLE_BACKPROP
-from lmrepro.rgc.roles import ROLE_RGC_ASYNC
+from lmrepro.rgc.roles import ROLE_BACKPROP, ROLE_RGC_ASYNC
 
 PAPER = "RGC (bounded-horizon local training)"
 SOURCE = "the paper's summary (docs/papers.md; the full text was not available)"

@@ -22,7 +22,6 @@ import torch
 
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
-from lmrepro.baseline.roles import BaselineMethod
 from lmrepro.io import append_jsonl
 from lmrepro.lifetime import FAULT_ENV, armed_fault
 from lmrepro.model import ByteTransformer
@@ -280,7 +279,7 @@ def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, s
     trained = cfg.steps - start_step
     if trained == 0 or train_time_s <= 0:
         trained, train_time_s = len(step_times), float(sum(step_times))
-    method = BaselineMethod.BACKPROP if executor == "backprop" else RGCMethod.RGC
+    method = RGCMethod.BACKPROP if executor == "backprop" else RGCMethod.RGC
     is_async = executor == "async"
     return {
         "name": name or (f"rgc-{executor}" if method == RGCMethod.RGC else "backprop"),

@@ -5,12 +5,15 @@ import enum
 
 
 class RGCMethod(enum.StrEnum):
-    """The RGC wing's method, as ``RunSummary.method`` records it (its backprop executor records
-    the baseline wing's ``backprop``)."""
+    """The RGC suite's methods, as ``RunSummary.method`` records them."""
 
     RGC = "rgc"                # bounded-horizon local training with readout-gradient consensus
+    BACKPROP = "backprop"      # its backprop executor: the baseline wing's method (global backprop)
 
 
 METHOD_RGC = RGCMethod.RGC.value
 ROLE_RGC_ASYNC = "rgc_async"
 ROLE_RGC_SYNC = "rgc_sync"
+#: the role the RGC runs are judged against: global backprop, registered by the baseline wing
+#: (``lmrepro.baseline.roles``; a wing does not import another, so the name is repeated here)
+ROLE_BACKPROP = RGCMethod.BACKPROP.value

@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lmrepro.baseline.roles import ROLE_BACKPROP
 from lmrepro.pipeline.registry import (Report, Role, parameter_count, register_claims,
                                        register_pairings, register_report, register_roles,
                                        register_section, register_stage)
-from lmrepro.rgc.roles import METHOD_RGC, ROLE_RGC_ASYNC, ROLE_RGC_SYNC
+from lmrepro.rgc.roles import METHOD_RGC, ROLE_BACKPROP, ROLE_RGC_ASYNC, ROLE_RGC_SYNC
 
 WING = "rgc"
 
