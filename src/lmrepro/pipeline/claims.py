@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -36,7 +37,6 @@ from lmrepro.pipeline.comparisons import DEFAULT_STATS
 from lmrepro.pipeline.records import (AnalysisRecords, ComparisonRecord, ResourceRecord,
                                       read_analysis)
 
-STAGES = ("scape", "rgc", "scaling")
 REPRODUCED = "reproduced"
 DIRECTION_ONLY = "reproduced in direction only"
 NOT_REPRODUCED = "not reproduced"
@@ -107,6 +107,14 @@ class Claim:
     rule: str
     measure: Measure = field(repr=False, compare=False)
     caveat: str = ""
+
+
+def __getattr__(name: str) -> Any:
+    """``STAGES``: the stages whose ``analysis.json`` the claims read, as the wings register them
+    (:func:`lmrepro.pipeline.registry.record_stages`: ``scape``, ``rgc``, ``scaling``)."""
+    if name == "STAGES":
+        return _registry.record_stages()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def registry() -> tuple[Claim, ...]:
@@ -297,7 +305,7 @@ def merge_records(by_stage: Mapping[str, AnalysisRecords]) -> AnalysisRecords:
 def read_stage_records(analysis_root: str | Path = "results/analysis") -> AnalysisRecords:
     """The merged records of every stage in :data:`STAGES` that has an ``analysis.json``."""
     return merge_records({
-        stage: read_analysis(path) for stage in STAGES
+        stage: read_analysis(path) for stage in _registry.record_stages()
         if (path := Path(analysis_root) / stage / "analysis.json").exists()})
 
 

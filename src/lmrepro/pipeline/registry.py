@@ -83,6 +83,7 @@ _METHODS: dict[str, dict[str | None, str]] = {}      # method -> {executor: role
 _ROLES: dict[str, Role] = {}
 _PAIRINGS: list[tuple[str, str]] = []
 _STAGES: dict[str, tuple[str, str | None]] = {}
+_RECORDS: list[str] = []                             # stages that only feed the claims
 _SECTIONS: dict[str, Section] = {}
 _REPORTS: list[Report] = []
 _CLAIMS: list[str] = []                              # modules holding CLAIMS
@@ -121,6 +122,14 @@ def register_stage(stage: str, throughput: str, communication: str | None = None
     tables: throughput and memory, and communication (None: no communication table)."""
     check(stage not in _STAGES, "stage", stage, "must be registered once")
     _STAGES[stage] = (throughput, communication)
+
+
+def register_records(stage: str) -> None:
+    """Register a stage whose ``results/analysis/<stage>/analysis.json`` the claims read although
+    it is no :func:`register_stage` analysis (e.g. the training-length study's verdict point)."""
+    check(stage not in _RECORDS and stage not in _STAGES, "stage", stage,
+          "must be registered once")
+    _RECORDS.append(stage)
 
 
 def register_section(wing: str, key: str, config: str,
@@ -213,6 +222,13 @@ def pairings() -> tuple[tuple[str, str], ...]:
 def stages() -> Mapping[str, tuple[str, str | None]]:
     load_wings()
     return dict(_STAGES)
+
+
+def record_stages() -> tuple[str, ...]:
+    """Every stage whose ``analysis.json`` the claims read: the analysis stages, then the
+    others (:func:`register_records`)."""
+    load_wings()
+    return (*_STAGES, *_RECORDS)
 
 
 def sections() -> tuple[Section, ...]:

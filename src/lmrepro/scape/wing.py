@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from lmrepro.pipeline.registry import (Report, Role, parameter_count, register_claims,
-                                       register_pairings, register_report, register_roles,
-                                       register_section, register_stage)
+                                       register_pairings, register_records, register_report,
+                                       register_roles, register_section, register_stage)
 from lmrepro.scape.roles import (ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_SCAPE_STALE_M,
                                  ROLE_TOPK, ROLE_TOPK_ADAMW, SPARSE)
 
@@ -24,6 +24,8 @@ register_pairings(WING, (
     (ROLE_SCAPE_STALE_M, ROLE_ADAMW), (ROLE_SCAPE_STALE_M, ROLE_ADAMS),
     (ROLE_TOPK, ROLE_ADAMW), (ROLE_TOPK, ROLE_ADAMS), (ROLE_TOPK_ADAMW, ROLE_ADAMW)))
 register_stage("scape", ROLE_ADAMW, ROLE_ADAMS)
+# the training-length study (lmrepro scaling): its verdict point feeds the claims
+register_records("scaling")
 register_section(WING, "scape", "lmrepro.scape.config:ScapeSuite",
                  lambda s: [("scape.corpus", s.corpus)])
 register_claims(WING, "lmrepro.scape.claims")
