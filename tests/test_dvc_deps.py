@@ -95,10 +95,12 @@ def registered(function: str) -> set[str]:
 #: imports made by name (``importlib``) that the traversal follows too: the pipeline's registry
 #: loads the wings' registrations (``lmrepro.wings``) when it first needs them, the schema
 #: (``lmrepro.pipeline.params``) the wings' configuration classes and the claims registry
-#: (``lmrepro.pipeline.claims``) the modules the wings register claims from
+#: (``lmrepro.pipeline.claims``) the modules the wings register claims from, the tables their
+#: columns from
 DYNAMIC_IMPORTS = {"lmrepro.pipeline.registry": {"lmrepro.wings"},
                    "lmrepro.pipeline.params": registered("register_section"),
-                   "lmrepro.pipeline.claims": registered("register_claims")}
+                   "lmrepro.pipeline.claims": registered("register_claims"),
+                   "lmrepro.pipeline.tables": registered("register_tables")}
 
 PARAMS = "lmrepro.pipeline.params"
 RESOLVED = "results/params.json"

@@ -86,6 +86,7 @@ _STAGES: dict[str, tuple[str, str | None]] = {}
 _RECORDS: list[str] = []                             # stages that only feed the claims
 _SECTIONS: dict[str, Section] = {}
 _REPORTS: list[Report] = []
+_TABLES: list[str] = []                              # modules holding COLUMNS and PRESETS
 _CLAIMS: list[str] = []                              # modules holding CLAIMS
 _loaded = False
 
@@ -139,6 +140,13 @@ def register_section(wing: str, key: str, config: str,
     roles does not load the wings' configurations), with the corpora it trains on."""
     check(key not in _SECTIONS, "section", key, "must be registered once")
     _SECTIONS[key] = Section(key, config, corpora, wing)
+
+
+def register_tables(wing: str, module: str) -> None:
+    """Register a wing's table vocabulary: ``module`` holds ``COLUMNS`` (name ->
+    :class:`lmrepro.pipeline.tables.Column`) and ``PRESETS`` (name -> column names), imported when
+    a table first needs them."""
+    _TABLES.append(module)
 
 
 def register_claims(wing: str, module: str) -> None:
@@ -240,6 +248,18 @@ def reports() -> tuple[Report, ...]:
     """The wings' :class:`Report` s, in registration order."""
     load_wings()
     return tuple(_REPORTS)
+
+
+def columns() -> Mapping[str, Any]:
+    """The columns the wings register (:func:`register_tables`)."""
+    load_wings()
+    return {k: v for m in _TABLES for k, v in importlib.import_module(m).COLUMNS.items()}
+
+
+def presets() -> Mapping[str, list[str]]:
+    """The table presets the wings register (:func:`register_tables`)."""
+    load_wings()
+    return {k: v for m in _TABLES for k, v in importlib.import_module(m).PRESETS.items()}
 
 
 def claims() -> tuple[Any, ...]:

@@ -20,6 +20,8 @@ from typing import Any
 
 import pandas as pd
 
+from lmrepro.pipeline import registry
+
 LONG_WORD = 40   # a text cell with a word longer than this gets the class "long" (wraps anywhere)
 MISSING = "–"   # an empty cell: a number that does not exist (e.g. the seed-level bound of 1 seed)
 
@@ -158,38 +160,6 @@ COLUMNS: dict[str, Column] = {
     "measured": Column("ours", text, False),
     "our_scale": Column("our scale", text, False),
     "rule": Column("rule", text, False),
-    # the step-time model (lmrepro.scape.steptime_report)
-    "link": Column("link", text, False),
-    "role": Column("role", text, False),
-    "measured_s": Column("measured median (ms)", MS),
-    "measured_iqr_ms": Column("measured IQR (ms)", text, False),
-    "blocks_x_steps": Column("blocks x steps", text, False),
-    "predicted_s": Column("predicted (ms)", MS),
-    "rel_error": Column("error (%)", SIGNED_PERCENT),
-    "within_tolerance": Column("within tolerance", text, False),
-    "model": Column("model", text, False),
-    "config": Column("configuration", text, False),
-    "predicted_range": Column("predicted, range of the assumptions", text, False),
-    "predicted_default": Column("predicted at 200 Gbit/s, MFU 0.5", text, False),
-    "ratio_to_paper": Column("predicted / paper (x)", sig3),
-    "required_gbit": Column("network rate giving the paper's figure (Gbit/s per node)", sig3),
-    "assumption": Column("assumption", text, False),
-    "value": Column("value", text, False),
-    "source": Column("source", text, False),
-    "density": Column("density", lambda x: MISSING if x is None else f"{float(x):g}"),
-    "inter_node_gbit": Column("network (Gbit/s per node)", sig3),
-    "mfu": Column("MFU", lambda x: MISSING if x is None else f"{float(x):g}"),
-    "tokens_per_step": Column("tokens per step", integer),
-    "dense_step_s": Column("dense step (s)", sig3),
-    "scape_step_s": Column("SCAPE step (s)", sig3),
-    "wall_saving": Column("wall-clock saving (%)", PERCENT),
-    "world": Column("GPUs", integer),
-    "dense_efficiency": Column("dense weak-scaling efficiency (%)", PERCENT),
-    "scape_efficiency": Column("SCAPE weak-scaling efficiency (%)", PERCENT),
-    "speedup_at_200_gbit": Column("speed-up at 200 Gbit/s (x)", sig3),
-    "speedup_at_400_gbit": Column("speed-up at 400 Gbit/s (x)", sig3),
-    "gbit_for_paper_speedup": Column("network rate for 3.26x (Gbit/s per node)", sig3),
-    "break_even_gbit": Column("SCAPE slower above (Gbit/s per node)", sig3),
 }
 
 
@@ -209,17 +179,6 @@ PRESETS: dict[str, list[str]] = {
                "throughput_ratio", "relative_spread", "timing", "memory_ratio", "caveats"],
     "claims": ["claim", "paper_figure", "paper_scale", "measured", "our_scale", "verdict",
                "caveats", "rule"],
-    "steptime_calibration": ["link", "n_params", "method", "role", "measured_s",
-                             "measured_iqr_ms", "blocks_x_steps", "predicted_s", "rel_error",
-                             "within_tolerance"],
-    "steptime_headline": ["claim", "config", "paper_figure", "predicted_range",
-                          "predicted_default", "ratio_to_paper", "required_gbit"],
-    "steptime_paper": ["model", "density", "inter_node_gbit", "mfu", "dense_step_s",
-                       "scape_step_s", "speedup", "wall_saving"],
-    "steptime_scaling": ["model", "world", "dense_step_s", "scape_step_s", "speedup",
-                         "dense_efficiency", "scape_efficiency"],
-    "steptime_break_even": ["model", "tokens_per_step", "density", "speedup_at_200_gbit",
-                            "speedup_at_400_gbit", "gbit_for_paper_speedup", "break_even_gbit"],
 }
 
 
@@ -246,6 +205,8 @@ def column(name: str, values: Sequence[Any] | None = None) -> Column:
     the column holds numbers."""
     if name in COLUMNS:
         return COLUMNS[name]
+    if name in (wings := registry.columns()):
+        return wings[name]
     header = name.replace("_", " ")
     present = [v for v in (values if values is not None else []) if not _missing(v)]
     numbers = [v for v in present if isinstance(v, Real) and not isinstance(v, bool)]
@@ -262,9 +223,10 @@ def format_table(df: pd.DataFrame, columns: Columns = None) -> pd.DataFrame:
     strings under headers with units; the index is dropped. Missing columns are an error naming
     them."""
     if isinstance(columns, str):
-        if columns not in PRESETS:
-            raise KeyError(f"no preset {columns!r}: one of {sorted(PRESETS)}")
-        columns = PRESETS[columns]
+        presets = {**PRESETS, **registry.presets()}
+        if columns not in presets:
+            raise KeyError(f"no preset {columns!r}: one of {sorted(presets)}")
+        columns = presets[columns]
     names = list(df.columns if columns is None else columns)
     missing = [c for c in names if c not in df.columns]
     if missing:

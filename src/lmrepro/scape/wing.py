@@ -9,7 +9,8 @@ from typing import Any
 
 from lmrepro.pipeline.registry import (Report, Role, parameter_count, register_claims,
                                        register_pairings, register_records, register_report,
-                                       register_roles, register_section, register_stage)
+                                       register_roles, register_section, register_stage,
+                                       register_tables)
 from lmrepro.scape.roles import (ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_SCAPE_STALE_M,
                                  ROLE_TOPK, ROLE_TOPK_ADAMW, SPARSE)
 
@@ -29,6 +30,7 @@ register_records("scaling")
 register_section(WING, "scape", "lmrepro.scape.config:ScapeSuite",
                  lambda s: [("scape.corpus", s.corpus)])
 register_claims(WING, "lmrepro.scape.claims")
+register_tables(WING, "lmrepro.scape.columns")
 
 
 def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
