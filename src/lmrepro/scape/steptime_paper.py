@@ -173,17 +173,19 @@ def _verdict(values: list[float], paper: float) -> bool | None:
     return True if all(ok) else (False if not any(ok) else None)
 
 
-def _corners(model: PaperModel) -> list[dict[str, Any]]:
-    return [r for r in paper_table() if r["model"] == model.name
+def _corners(model: PaperModel, key: str) -> tuple[list[float], float]:
+    """``key`` of every corner of ``model``'s assumption range, and its central value (the
+    range's first inter-node bandwidth at the default MFU)."""
+    rows = [r for r in paper_table() if r["model"] == model.name
             and r["density"] == model.density]
+    mid = next(r[key] for r in rows if r["inter_node_gbit"] == INTER_GBIT_RANGE[0]
+               and r["mfu"] == DEFAULT_MFU)
+    return [r[key] for r in rows], mid
 
 
 def predicted_step_speedup() -> tuple[str, float, bool | None]:
     """(text, central value, verdict) of the per-step speedup at Llama-1.8B's scale."""
-    rows = _corners(LLAMA_1_8B)
-    v = [r["speedup"] for r in rows]
-    mid = next(r["speedup"] for r in rows if r["inter_node_gbit"] == INTER_GBIT_RANGE[0]
-               and r["mfu"] == DEFAULT_MFU)
+    v, mid = _corners(LLAMA_1_8B, "speedup")
     need = required_bandwidth(LLAMA_1_8B, PAPER_STEP_SPEEDUP)
     text = (f"predicted {min(v):.2f}-{max(v):.2f}x per step ({mid:.2f}x at "
             f"{INTER_GBIT_RANGE[0]:g} Gbit/s, MFU {DEFAULT_MFU:g}); the paper's "
@@ -194,10 +196,7 @@ def predicted_step_speedup() -> tuple[str, float, bool | None]:
 
 def predicted_wall_saving() -> tuple[str, float, bool | None]:
     """(text, central value, verdict) of the whole-run saving at Llama-500M's scale."""
-    rows = _corners(LLAMA_500M)
-    v = [r["wall_saving"] for r in rows]
-    mid = next(r["wall_saving"] for r in rows if r["inter_node_gbit"] == INTER_GBIT_RANGE[0]
-               and r["mfu"] == DEFAULT_MFU)
+    v, mid = _corners(LLAMA_500M, "wall_saving")
     need = required_bandwidth_for_saving(LLAMA_500M, PAPER_WALL_SAVING)
     text = (f"predicted {min(v):.1%}-{max(v):.1%} less wall-clock over "
             f"{LLAMA_500M.total_steps} iterations with {LLAMA_500M.dense_steps} dense and "
