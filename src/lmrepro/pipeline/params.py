@@ -117,9 +117,10 @@ def load_params(path: str | Path = "params.yaml", profile: str | None = None) ->
     you are not running is found now rather than when someone selects it."""
     raw = read_params_file(path)
     active = validate_profile(raw, profile, str(path))
-    for name in sorted(raw.get("profiles") or {}):
+    # the base first: a mistake in it is reported as the base's, not as the first profile's
+    # that happens to inherit it
+    others = ["default"] + sorted(raw.get("profiles") or {})
+    for name in dict.fromkeys(others):
         if name != active.profile:
             validate_profile(raw, name, str(path))
-    if active.profile != "default":
-        validate_profile(raw, "default", str(path))
     return active
