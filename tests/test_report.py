@@ -122,6 +122,15 @@ def test_index_links_reports_commit_and_citation(project: Path) -> None:
                                                     "03 <odd>.html"]
     assert prov["citation"]["bibtex"].startswith("@software{")
 
+    # dvc.lock, which every dvc repro rewrites, leaves a checkout clean
+    (project / "dvc.lock").write_text("schema: '2.0'\n", encoding="utf-8")
+    git(project, "add", "dvc.lock")
+    git(project, "commit", "-q", "-m", "lock")
+    (project / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n", encoding="utf-8")
+    commit = git(project, "rev-parse", "HEAD")
+    assert R.git_info(project) == {"commit": commit, "dirty": False, "available": True,
+                                   "note": ""}
+
     # a tracked change makes the checkout dirty; no temporary files are left behind
     (project / "params.yaml").write_text("train:\n  steps: 300\n", encoding="utf-8")
     page = build(project, repo_dir=project).read_text(encoding="utf-8")

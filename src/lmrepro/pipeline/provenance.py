@@ -25,13 +25,19 @@ def _run_git(repo_dir: Path, *args: str) -> subprocess.CompletedProcess | None:
         return None
 
 
+#: written by ``dvc repro`` itself: not a change to the code or parameters of a run
+PIPELINE_LOCK = "dvc.lock"
+
+
 def git_info(repo_dir: str | os.PathLike) -> dict[str, Any]:
     """``{"commit", "dirty", "available", "note"}`` of the git checkout at ``repo_dir``.
 
     The commit comes from ``git rev-parse HEAD``; ``dirty`` is True when tracked files differ from
     it (``git --no-optional-locks status --porcelain --untracked-files=no``, which takes no lock
-    and writes nothing). Outside a repository, without commits, or without git, ``commit`` and
-    ``dirty`` are None and ``note`` says why.
+    and writes nothing), other than ``dvc.lock``: DVC rewrites it during every ``dvc repro`` (it
+    records what this run did), so a run from a clean checkout stays clean. Outside a
+    repository, without commits, or without git, ``commit`` and ``dirty`` are None and ``note``
+    says why.
     """
     repo_dir = Path(repo_dir)
     head = _run_git(repo_dir, "rev-parse", "--verify", "HEAD")
@@ -45,7 +51,7 @@ def git_info(repo_dir: str | os.PathLike) -> dict[str, Any]:
                 else f"{repo_dir} is not inside a git repository")
         return {"commit": None, "dirty": None, "available": False, "note": note}
     status = _run_git(repo_dir, "--no-optional-locks", "status", "--porcelain",
-                      "--untracked-files=no")
+                      "--untracked-files=no", "--", ".", f":(exclude){PIPELINE_LOCK}")
     dirty = None if status is None or status.returncode != 0 else bool(status.stdout.strip())
     return {"commit": head.stdout.strip(), "dirty": dirty, "available": True, "note": ""}
 
