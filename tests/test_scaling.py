@@ -177,6 +177,13 @@ def test_a_tiny_study_runs_resumes_and_is_analysed(tmp_path: Path) -> None:
                                               for c in out["records"].comparisons)
     section = (tmp_path / "analysis" / README_SECTION).read_text()
     assert "{published}/reports/11_analysis_scaling.html" in section and "| a | 6 |" in section
+    # when the runs finished (their summaries' times): a published pipeline may reuse them
+    import datetime
+
+    runs = out["tables"]["runs"]
+    newest = max(datetime.datetime.fromtimestamp(t / 1e9, datetime.UTC) for t in before.values())
+    assert runs.finished_at.max() == newest.strftime("%Y-%m-%dT%H:%MZ")
+    assert f"runs (points and ablations) finished between {runs.finished_at.min()}" in section
     for png in ("gap_vs_length", "verdict_curves", "mask_diagnostics"):
         assert (tmp_path / "analysis" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
 

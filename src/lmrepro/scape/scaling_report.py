@@ -13,6 +13,7 @@ mask diagnostics are averaged over the steps at the target density.
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,7 +45,9 @@ def find_runs(root: Path) -> dict[str, Path]:
 def study_runs(stage_dir: str | Path) -> pd.DataFrame:
     """One row per finished run of the study (``runs/``) and its ablations (``ablations/``):
     kind, size, steps, seed, run name, method, sparsity, lr, final validation and test bits/byte,
-    diverged step, and the run directory."""
+    diverged step, when the run finished (its summary's time, UTC: the stage keeps finished runs
+    whose identity matches, so a pipeline can publish runs trained before it), and the run
+    directory."""
     stage_dir = Path(stage_dir)
     rows = []
     for kind in ("runs", "ablations"):
@@ -58,12 +61,19 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
                          "method": s.method, "sparsity": s.sparsity or 0.0,
                          "lr": s.details.get("lr"), "val_bpb": s.final_bpb,
                          "test_bpb": s.details.get("final_test_bpb"),
-                         "diverged_at_step": s.diverged_at_step, "path": str(path)})
+                         "diverged_at_step": s.diverged_at_step,
+                         "finished_at": finished_at(Path(path)), "path": str(path)})
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
 RUN_COLUMNS = ["kind", "size", "steps", "seed", "run", "method", "sparsity", "lr", "val_bpb",
-               "test_bpb", "diverged_at_step", "path"]
+               "test_bpb", "diverged_at_step", "finished_at", "path"]
+
+
+def finished_at(run_dir: Path) -> str:
+    """When the run wrote its summary (UTC, to the minute)."""
+    t = (run_dir / SUMMARY).stat().st_mtime
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
 def _losses(run: Run) -> list[float]:
@@ -323,6 +333,11 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                       + (" (better: the optimum lies beyond the grid)" if r.beyond_is_better
                          else " (worse: the grid's winner stands)")
                       for r in edge.itertuples()) + ".", ""]
+    runs = tables["runs"]
+    if "finished_at" in runs and len(runs):
+        lines += [f"The study's {len(runs)} runs (points and ablations) finished between "
+                  f"{runs.finished_at.min()} and {runs.finished_at.max()} (UTC); the stage keeps "
+                  "a finished run whose settings, model and data are unchanged.", ""]
     lines += summary_sentences(tables, verdict)
     rows = ["| size | steps | candidate | vs | seeds | dense bits/byte (test) | mean gap | "
             "[L, U] | level | verdict | testable |",
