@@ -321,3 +321,16 @@ def test_index_fits_the_window() -> None:
     assert "pre{" in css and "overflow-x:auto" not in css.split("pre{")[1].split("}")[0]
     table = R._table(["file", "sha256"], [("a.bin", "f" * 64)])
     assert '<td class="hash">' + "f" * 64 + "</td>" in table and "<td>a.bin</td>" in table
+
+
+def test_a_reports_header_names_the_profile_the_run_used(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmrepro.pipeline.notebook import _active_profile
+
+    params = tmp_path / "params.yaml"
+    params.write_text("profile: smoke\nprofiles: {smoke: {}, scaling: {}}\n", encoding="utf-8")
+    monkeypatch.delenv("LMREPRO_PROFILE", raising=False)
+    assert _active_profile(params, None) == "smoke"                 # the file's
+    monkeypatch.setenv("LMREPRO_PROFILE", "scaling")
+    assert _active_profile(params, None) == "scaling"               # the environment's
+    assert _active_profile(params, "default") == "default"          # the notebook parameter's

@@ -177,6 +177,16 @@ def test_a_tiny_study_runs_resumes_and_is_analysed(tmp_path: Path) -> None:
                                               for c in out["records"].comparisons)
     section = (tmp_path / "analysis" / README_SECTION).read_text()
     assert "{published}/reports/11_analysis_scaling.html" in section and "| a | 6 |" in section
+    # what the report shows: gaps as signed percentages under registered headers
+    from lmrepro.pipeline.tables import format_table, sig3, signed
+    from lmrepro.scape.scaling_report import DISPLAY, for_display
+
+    for name in ("gaps", "ablations", "trend", "diagnostics"):
+        shown = format_table(for_display(name, out["tables"][name]))
+        assert len(shown.columns) == len(DISPLAY[name]), name
+    shown = format_table(for_display("gaps", gaps))
+    assert shown.loc[0, "mean gap (%)"] == signed(sig3(100 * gaps["mean"].iloc[0]))
+    assert set(shown["testable"]) <= {"yes", "no"}
     # when the runs finished (their summaries' times): a published pipeline may reuse them
     import datetime
 

@@ -51,9 +51,13 @@ def _kernel_env() -> None:
 
 
 def _active_profile(params_file: str | Path, profile: str | None) -> str:
-    """The profile a run used: the explicit one, else the ``profile`` key of the file."""
-    if profile:
-        return str(profile)
+    """The profile a run used: the explicit one, else the environment's
+    (:data:`lmrepro.paramfile.PROFILE_ENV`), else the ``profile`` key of the file (the order of
+    :func:`lmrepro.paramfile.resolve_profile`)."""
+    from lmrepro.paramfile import PROFILE_ENV
+
+    if profile or os.environ.get(PROFILE_ENV):
+        return str(profile or os.environ[PROFILE_ENV])
     import yaml
 
     try:

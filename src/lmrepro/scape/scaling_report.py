@@ -399,3 +399,37 @@ def summary_sentences(tables: Mapping[str, pd.DataFrame], verdict: tuple[str, in
                        f"that stayed (after {r.reentry_gap:.0f} steps out, on average).")
     return ["What it says (computed from the tables below):", "",
             *[f"* {x}" for x in out], ""] if out else []
+
+
+#: what a report shows of each table of the study, and under which registered column name
+#: (:mod:`lmrepro.scape.columns`: relative gaps as signed percentages); the CSVs keep all
+DISPLAY: dict[str, dict[str, str]] = {
+    "gaps": {"size": "size", "steps": "steps", "candidate": "candidate", "baseline": "baseline",
+             "seeds": "seeds", "diverged": "diverged", "mean": "gap_mean", "lower": "gap_lower",
+             "upper": "gap_upper", "level": "level", "batch_upper": "gap_batch_upper",
+             "p_value": "p_noninferior", "p_worse": "p_worse", "verdict": "verdict",
+             "baseline_test_bpb": "dense_test_bpb", "candidate_test_bpb": "candidate_test_bpb",
+             "testable": "testable"},
+    "trend": {"size": "size", "candidate": "candidate", "baseline": "baseline",
+              "points": "points", "slope_per_decade": "slope_per_decade",
+              "slope_low": "slope_low", "slope_high": "slope_high", "p_slope": "p_slope",
+              "extrapolated_gap_at_100k": "extrapolated_gap",
+              "extrapolation_low": "extrapolation_low",
+              "extrapolation_high": "extrapolation_high"},
+    "ablations": {"ablation": "ablation", "against": "against", "seeds": "seeds",
+                  "diverged": "diverged", "test_bpb": "candidate_test_bpb", "mean": "gap_mean",
+                  "lower": "gap_lower", "upper": "gap_upper", "p_value": "p_noninferior",
+                  "p_worse": "p_worse", "verdict": "verdict"},
+    "diagnostics": {"run": "run", "seeds": "seeds", "mask_kept": "mask_kept",
+                    "step_enter": "step_enter", "step_stay": "step_stay",
+                    "reentry_gap": "reentry_gap", "residual_norm": "residual_norm",
+                    "coverage_at_target": "coverage_at_target"},
+}
+
+
+def for_display(name: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """The columns of table ``name`` a report shows (:data:`DISPLAY`), renamed to their
+    registered display names."""
+    cols = {k: v for k, v in DISPLAY[name].items() if k in frame.columns}
+    return frame[list(cols)].rename(columns=cols)
+
