@@ -217,3 +217,17 @@ def test_publishing_a_study_fills_its_readme_section(tmp_path: Path) -> None:
     assert "old" not in text and "(published/scaling/reports/x.html)" in text
     assert "commit `abc`" in text and text.endswith("rest\n")
     assert not P.update_profile_section(readme, pub, "other", "x")
+
+
+def test_the_gap_plot_legend_names_every_method_of_any_size() -> None:
+    import pandas as pd
+
+    from lmrepro.scape.scaling_plots import gap_vs_length
+
+    rows = [{"size": size, "steps": steps, "candidate": cand, "baseline": "adams",
+             "mean": 0.1, "lower": 0.05, "upper": 0.15}
+            for size, cands in (("a", ("scape90", "topk99")), ("b", ("scape90",)))
+            for cand in cands for steps in (10, 100)]
+    fig = gap_vs_length(pd.DataFrame(rows))
+    labels = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+    assert set(labels) == {"scape90", "topk99", "1 % margin"}

@@ -40,8 +40,13 @@ def gap_vs_length(gaps: pd.DataFrame, baseline: str = "adams") -> Figure:
         ax.set_title(f"model {size}: gap to dense {baseline} (test split)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("relative difference in bits/byte (%)\nmean over seeds, bars [L, U]")
-    if axes[0][-1].get_legend_handles_labels()[0]:
-        axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    legend: dict[str, Any] = {}     # every method of any panel (a size may lack one)
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    if legend:
+        axes[0][-1].legend(list(legend.values()), list(legend), loc="upper left",
+                           bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     return fig
 
