@@ -456,7 +456,9 @@ def section_calibration(r: dict | None) -> str:
     parts = [head, f"Machine: {_machine(r['machine'])}. {_load_line(r)}.\n",
              f"Fitted on links {', '.join(cal['fit_links'])}; held out: "
              f"{', '.join(cal['held_out_links']) or 'none'}. Per collective, "
-             "`t = alpha + n (beta_mem + s * 8 / R)` (R the link rate in bit/s):\n"]
+             + ("`t = alpha + n max(beta_mem, s * 8 / R)` (the overlapped form; "
+                if cal["form"] == "overlapped" else "`t = alpha + n (beta_mem + s * 8 / R)` (")
+             + "R the link rate in bit/s):\n"]
     parts.append(_table(["collective", "alpha (ms)", "beta_mem (ns/B)", "s (link bytes per byte)",
                          "points", "max rel. error"],
                         [[k, f"{m['alpha_s'] * 1e3:.3f}", f"{m['beta_mem_s_per_byte'] * 1e9:.3f}",
@@ -480,6 +482,14 @@ def section_calibration(r: dict | None) -> str:
     parts.append(f"\nHeld-out points within {100 * cal['tolerance']:.0f} %: "
                  f"{_yes(cal['held_out_pass'])}"
                  + (f" (largest error {100 * err:.1f} %)." if err is not None else ".") + "\n")
+    for form, other in cal.get("other_forms", {}).items():
+        e2 = other["held_out_max_abs_error"]
+        parts.append(f"The {form} form on the same runs: held-out points within "
+                     f"{100 * cal['tolerance']:.0f} %: {_yes(other['held_out_pass'])}"
+                     + (f" (largest error {100 * e2:.1f} %)" if e2 is not None else "")
+                     + "; its fitted s: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                      other["link_bytes_per_byte"].items())
+                     + ".\n")
     return "\n".join(parts) + "\n"
 
 

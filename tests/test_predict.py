@@ -134,22 +134,39 @@ def test_bad_flag_exits_2_with_one_line(argv: list[str], name: str) -> None:
     assert len(lines) == 1 and name in lines[0] and "Traceback" not in proc.stderr
 
 
-def _synthetic_links(alpha: float, beta: float, s: float) -> list[dict]:
+def _synthetic_links(alpha: float, beta: float, s: float, form: str = "serial"
+                     ) -> list[dict]:
     sizes = [65536 * 4 ** i for i in range(5)]
     links = []
     for rate in (None, 1000.0, 100.0, 10.0):
         inv = 0.0 if rate is None else 8.0 / (rate * 1e6)
-        times = {k: [[alpha + n * (beta + s * inv)] * 3 for n in sizes] for k in F.KINDS}
+        per = beta + s * inv if form == "serial" else max(beta, s * inv)
+        times = {k: [[alpha + n * per] * 3 for n in sizes] for k in F.KINDS}
         links.append({"rate_mbit": rate, "sweep_sizes": sizes, "sweep_times_s": times})
     return links
 
 
 def test_fit_recovers_known_alpha_beta() -> None:
-    m = F.fit_link_model(_synthetic_links(2e-4, 1e-9, 2.0), "all_reduce")
+    m = F.fit_link_model(_synthetic_links(2e-4, 1e-9, 2.0), "all_reduce", form="serial")
     assert m["alpha_s"] == pytest.approx(2e-4, rel=1e-6)
     assert m["beta_mem_s_per_byte"] == pytest.approx(1e-9, rel=1e-6)
     assert m["link_bytes_per_byte"] == pytest.approx(2.0, rel=1e-6)
     assert F.collective_s(m, 1e6, 1e8) == pytest.approx(2e-4 + 1e6 * (1e-9 + 16 / 1e8))
+
+
+def test_the_overlapped_form_recovers_its_constants_and_takes_the_larger_cost() -> None:
+    # beta 3e-8 s/B exceeds the 1000 Mbit/s link's 2 * 8e-9: that link is memory-bound
+    links = _synthetic_links(2e-4, 3e-8, 2.0, form="overlapped")
+    m = F.fit_link_model(links, "all_reduce")
+    assert m["form"] == "overlapped" and m["max_rel_err"] < 1e-9
+    assert m["beta_mem_s_per_byte"] == pytest.approx(3e-8, rel=1e-6)
+    assert m["link_bytes_per_byte"] == pytest.approx(2.0, rel=1e-6)
+    assert F.collective_s(m, 1e6, 1e9) == pytest.approx(2e-4 + 1e6 * 3e-8)        # memory
+    assert F.collective_s(m, 1e6, 1e8) == pytest.approx(2e-4 + 1e6 * 16 / 1e8)    # link
+    # the serial form cannot fit these points exactly
+    assert F.fit_link_model(links, "all_reduce", form="serial")["max_rel_err"] > 0.05
+    with pytest.raises(ValueError, match="form"):
+        F.fit_link_model(links, "all_reduce", form="sum")
 
 
 @pytest.mark.skipif(not BENCH.exists(), reason="no benchmark result")

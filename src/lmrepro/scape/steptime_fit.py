@@ -34,47 +34,74 @@ def _rate(link: dict) -> float:
     return math.inf if not r else float(r) * 1e6
 
 
-def fit_link_model(links: Sequence[dict], kind: str, min_bytes: int = 65536
-                   ) -> dict[str, float]:
-    """``alpha``, ``beta_mem`` and ``s`` of ``t = alpha + n (beta_mem + 8 s / R)`` for
-    collective ``kind`` over the sweeps of ``links`` (per-size medians, sizes >= min_bytes),
-    relative least squares, every coefficient >= 0 (a negative one is dropped and the rest
-    refitted)."""
-    rows, t = [], []
+#: how a collective's per-byte costs combine: ``overlapped``, ``n max(beta_mem, 8 s / R)`` (the
+#: software's per-byte work runs while earlier chunks are on the wire, as gloo pipelines its
+#: chunks), or ``serial``, ``n (beta_mem + 8 s / R)`` (the first form we fitted)
+FORMS = ("overlapped", "serial")
+
+
+def _design_row(n: float, inv: float, form: str, link_bound: bool) -> list[float]:
+    if form == "serial":
+        return [1.0, n, n * inv]
+    return [1.0, 0.0, n * inv] if link_bound else [1.0, n, 0.0]
+
+
+def fit_link_model(links: Sequence[dict], kind: str, min_bytes: int = 65536,
+                   form: str = "overlapped") -> dict[str, Any]:
+    """``alpha``, ``beta_mem`` and ``s`` of collective ``kind`` (``form``: :data:`FORMS`) over
+    the sweeps of ``links`` (per-size medians, sizes >= min_bytes), relative least squares,
+    every coefficient >= 0 (a negative one is dropped and the rest refitted). In the overlapped
+    form a point is link-bound when ``8 s / R > beta_mem``; the assignment is iterated to a
+    fixed point (shaped links start link-bound)."""
+    if form not in FORMS:
+        raise ValueError(f"form = {form!r}: must be one of {FORMS}")
+    pts: list[tuple[float, float, float]] = []
     for link in links:
         if kind not in link.get("sweep_times_s", {}):
             continue
         inv = 0.0 if math.isinf(_rate(link)) else 8.0 / _rate(link)
         for n, ts in zip(link["sweep_sizes"], link["sweep_times_s"][kind]):
             if n >= min_bytes:
-                rows.append([1.0, float(n), float(n) * inv])
-                t.append(float(np.median(ts)))
-    if len(rows) < 3:
-        raise ValueError(f"need >= 3 swept points of {kind} to fit; have {len(rows)}")
-    a, y = np.array(rows), np.array(t)
+                pts.append((float(n), inv, float(np.median(ts))))
+    if len(pts) < 3:
+        raise ValueError(f"need >= 3 swept points of {kind} to fit; have {len(pts)}")
+    y = np.array([p[2] for p in pts])
+    bound = [inv > 0 for _, inv, _ in pts]
+    for _ in range(10):
+        coef = _nonnegative_fit(np.array([_design_row(n, inv, form, b)
+                                          for (n, inv, _), b in zip(pts, bound)]), y)
+        now = [inv > 0 and coef[2] * inv > coef[1] for _, inv, _ in pts]
+        if form == "serial" or now == bound:
+            break
+        bound = now
+    model = {"alpha_s": float(coef[0]), "beta_mem_s_per_byte": float(coef[1]),
+             "link_bytes_per_byte": float(coef[2]), "form": form, "n_points": len(y)}
+    pred = np.array([collective_s(model, n, 8.0 / inv if inv else math.inf) for n, inv, _ in pts])
+    return {**model, "max_rel_err": float(np.max(np.abs(pred - y) / y))}
+
+
+def _nonnegative_fit(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Relative least squares of ``a x = y`` with ``x >= 0`` (drop the most negative, refit)."""
     w = 1.0 / y
-    active = [0, 1, 2]
-    coef = np.zeros(3)
+    active = [j for j in range(a.shape[1]) if np.any(a[:, j])]
+    coef = np.zeros(a.shape[1])
     while active:
         sol, *_ = np.linalg.lstsq(a[:, active] * w[:, None], y * w, rcond=None)
         if (sol >= 0).all():
-            coef[:] = 0.0
             coef[active] = sol
             break
         active.pop(int(np.argmin(sol)))
-    pred = a @ coef
-    return {"alpha_s": float(coef[0]), "beta_mem_s_per_byte": float(coef[1]),
-            "link_bytes_per_byte": float(coef[2]), "n_points": len(y),
-            "max_rel_err": float(np.max(np.abs(pred - y) / y))}
+    return coef
 
 
-def collective_s(model: dict[str, float], nbytes: float, rate_bit_s: float) -> float:
+def collective_s(model: dict[str, Any], nbytes: float, rate_bit_s: float) -> float:
     """Seconds of one collective of ``nbytes`` per rank at ``rate_bit_s`` (inf: unshaped)."""
     if nbytes <= 0:
         return 0.0
     inv = 0.0 if math.isinf(rate_bit_s) else 8.0 / rate_bit_s
-    return model["alpha_s"] + nbytes * (model["beta_mem_s_per_byte"]
-                                        + model["link_bytes_per_byte"] * inv)
+    beta, link = model["beta_mem_s_per_byte"], model["link_bytes_per_byte"] * inv
+    per_byte = beta + link if model.get("form", "serial") == "serial" else max(beta, link)
+    return model["alpha_s"] + nbytes * per_byte
 
 
 def _runs(link: dict) -> dict[tuple[str, str], dict]:
@@ -151,15 +178,26 @@ def roles(results: dict, holdout: Sequence[str] | None = None) -> dict[str, str]
     return {k: ("held-out" if k in holdout else "fit") for k in links}
 
 
-def calibrate(results: dict, holdout: Sequence[str] | None = None, min_bytes: int = 65536
-              ) -> dict[str, Any]:
+def calibrate(results: dict, holdout: Sequence[str] | None = None, min_bytes: int = 65536,
+              form: str = "overlapped") -> dict[str, Any]:
     """Fit on the fit links, predict every (link, method): measured median step with its
     interquartile range over the timed blocks and the number of timed steps, predicted step,
-    relative error, and whether each held-out point is within :data:`TOLERANCE`."""
+    relative error, and whether each held-out point is within :data:`TOLERANCE`; with the
+    held-out result of every other form of :data:`FORMS` beside (``other_forms``)."""
+    out = _calibrate(results, holdout, min_bytes, form)
+    out["other_forms"] = {
+        f: {k: r[k] for k in ("held_out_pass", "held_out_max_abs_error")} | {
+            "link_bytes_per_byte": {k: m["link_bytes_per_byte"] for k, m in r["models"].items()}}
+        for f in FORMS if f != form for r in [_calibrate(results, holdout, min_bytes, f)]}
+    return out
+
+
+def _calibrate(results: dict, holdout: Sequence[str] | None, min_bytes: int, form: str
+               ) -> dict[str, Any]:
     role = roles(results, holdout)
     links = results["links"]
     fit = [links[k] for k in links if role[k] == "fit"]
-    models = {k: fit_link_model(fit, k, min_bytes) for k in KINDS}
+    models = {k: fit_link_model(fit, k, min_bytes, form) for k in KINDS}
     local = fit_local(fit)
     rows = []
     for label, link in links.items():
@@ -179,7 +217,7 @@ def calibrate(results: dict, holdout: Sequence[str] | None = None, min_bytes: in
                          "predicted_s": pred, "rel_error": pred / med - 1.0,
                          "within_tolerance": abs(pred / med - 1.0) <= TOLERANCE})
     held = [r for r in rows if r["role"] == "held-out"]
-    return {"models": models, "local": local, "rows": rows, "tolerance": TOLERANCE,
+    return {"form": form, "models": models, "local": local, "rows": rows, "tolerance": TOLERANCE,
             "fit_links": [k for k in links if role[k] == "fit"],
             "held_out_links": [k for k in links if role[k] == "held-out"],
             "held_out_pass": bool(held) and all(r["within_tolerance"] for r in held),
