@@ -139,7 +139,7 @@ def async_account(cfg: RGCConfig) -> dict[str, Any]:
     K, M, H = cfg.n_stages, cfg.micro_batches, cfg.horizon
     n_dec = decoder_parameters(cfg)
     dec_tensors = 3
-    workers = []
+    workers: list[dict[str, Any]] = []
     for w, stages in enumerate(cfg.placement):
         own = sum(stage_parameters(cfg, k) for k in stages)
         own_t = sum(stage_tensors(cfg, k) for k in stages)
@@ -172,7 +172,7 @@ def async_account(cfg: RGCConfig) -> dict[str, Any]:
     parent = {"parameters": full, "snapshot": full + optim_all + full}
     return {"executor": "async", "workers": workers,
             "parent": {"bytes": parent, "total": sum(parent.values())},
-            "total": sum(x["total"] for x in workers) + sum(parent.values())}
+            "total": sum(int(x["total"]) for x in workers) + sum(parent.values())}
 
 
 def backprop_account(cfg: RGCConfig) -> dict[str, Any]:
