@@ -19,7 +19,9 @@ is the ``paper`` profile's choice), horizon 1 (``--horizon``). What it measures:
    worker process from outside, ``sched_setaffinity`` per thread, repeated as threads appear)
    and the parent to the cores left. Only where the threads fit the machine's cores.
 3. **Each stage's compute alone** per thread count (``--threads``), one fresh process per
-   (threads, stage) bound to that many cores, holding the whole model as a worker does: the
+   (threads, stage) bound to that many cores (``--parallel-stages``: the K stages of one
+   thread count at once on disjoint cores, as the workers run), holding the whole model as a
+   worker does: the
    blocks' forward, the readout (local loss, its gradient), the backward through the blocks,
    the AdamW steps, per micro-batch; the saved-tensor bytes of the stage (autograd hooks) and
    the growth of the process's ``VmHWM`` over the step, against the account.
@@ -30,7 +32,7 @@ what it measured.
 
     nice -n 19 python bench/bench_rgc_paper_shape.py          # 2 cores: ~13 minutes
     python bench/bench_rgc_paper_shape.py --workers 4 --threads-per-worker 4,4,3,3 \\
-        --backprop-threads 12 --threads 3,4 --steps 3        # scripts/rgc-paper-shape.sh
+        --backprop-threads 12 --threads 4,3 --parallel-stages   # scripts/rgc-paper-shape.sh
 
 Writes ``bench/results/rgc_paper_shape.json`` (``--json-out``).
 """
@@ -234,8 +236,8 @@ def run_isolated(cfg_dict: dict, executor: str, pin: bool) -> dict[str, Any]:
 # 3. each stage's compute alone (in a fresh process: --stage)
 # ---------------------------------------------------------------------------------------------
 
-def stage_compute(cfg_dict: dict, k: int, threads: int, repeats: int, pin: bool
-                  ) -> dict[str, Any]:
+def stage_compute(cfg_dict: dict, k: int, threads: int, repeats: int, pin: bool,
+                  first_cpu: int = 0) -> dict[str, Any]:
     """One micro-batch through stage k at ``threads`` threads, ``repeats`` times after a
     warm-up: seconds of the blocks' forward, the readout, the backward and the AdamW steps;
     the stage's saved-tensor bytes; the growth of this process's VmHWM over the first step."""
@@ -249,8 +251,8 @@ def stage_compute(cfg_dict: dict, k: int, threads: int, repeats: int, pin: bool
                                     stage_backward, stage_bounds, stage_parameters)
 
     cores = os.cpu_count() or 1
-    if pin and threads <= cores:
-        os.sched_setaffinity(0, list(range(threads)))
+    if pin and first_cpu + threads <= cores:
+        os.sched_setaffinity(0, list(range(first_cpu, first_cpu + threads)))
     torch.set_num_threads(threads)
     cfg = RGCConfig(**cfg_dict)
     model = build_model(cfg, 0)               # the whole model, as every worker builds it
@@ -400,14 +402,35 @@ def main_bench(args: argparse.Namespace) -> int:
     # 3. stage compute alone
     result["stage_compute"] = []
     for t in [int(x) for x in args.threads.split(",")]:
-        for k in range(cfg.n_stages):
-            if not due(f"stage {k} at {t} threads"):
+        # --parallel-stages: the K stages at once, each bound to its own t cores (as the
+        # async workers run, sharing the memory system), where K x t cores exist
+        together = args.parallel_stages and pin and cfg.n_stages * t <= cores
+        if together:
+            if not due(f"stages at {t} threads"):
                 continue
             t0 = time.perf_counter()
-            r = _isolated(["--stage", json.dumps(cfg.to_dict()), str(k), str(t),
-                           str(args.stage_repeats), "1" if pin else "0"])
+            procs = [subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--stage",
+                 json.dumps(cfg.to_dict()), str(k), str(t), str(args.stage_repeats), "1",
+                 str(k * t)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for k in range(cfg.n_stages)]
+            outs = [p.communicate() for p in procs]
+            if any(p.returncode for p in procs):
+                raise RuntimeError("stage compute failed:\n" + "\n".join(
+                    e[-2000:] for (_, e), p in zip(outs, procs) if p.returncode))
+            done = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+            result["phases_s"][f"stages-t{t}"] = time.perf_counter() - t0
+        for k in range(cfg.n_stages):
+            if together:
+                r = {**done[k], "concurrent_with_other_stages": True}
+            else:
+                if not due(f"stage {k} at {t} threads"):
+                    continue
+                t0 = time.perf_counter()
+                r = _isolated(["--stage", json.dumps(cfg.to_dict()), str(k), str(t),
+                               str(args.stage_repeats), "1" if pin else "0"])
+                result["phases_s"][f"stage{k}-t{t}"] = time.perf_counter() - t0
             result["stage_compute"].append(r)
-            result["phases_s"][f"stage{k}-t{t}"] = time.perf_counter() - t0
             sec = r["seconds"]
             print(f"  stage {k} at {t} thread(s): forward {sec['forward']['median']:.2f} s, "
                   f"readout {sec['readout']['median']:.2f}, backward "
@@ -432,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv and argv[0] == "--stage":
         print(json.dumps(stage_compute(json.loads(argv[1]), int(argv[2]), int(argv[3]),
-                                       int(argv[4]), argv[5] == "1")))
+                                       int(argv[4]), argv[5] == "1",
+                                       int(argv[6]) if len(argv) > 6 else 0)))
         return 0
     cores = os.cpu_count() or 1
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -452,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                     "stage and thread count (after one warm-up)")
     ap.add_argument("--deadline-s", type=float, default=None, help="skip the phases that "
                     "would start after this many seconds")
+    ap.add_argument("--parallel-stages", action="store_true", help="time the stages of one "
+                    "thread count at once, each bound to its own cores (where they fit)")
     ap.add_argument("--no-pin", action="store_true", help="do not bind threads to cores")
     ap.add_argument("--shrink", type=int, default=1, help="divide width, context and depth "
                     "by this (a smoke test of the script only; results are not the paper's)")
