@@ -30,7 +30,7 @@ Phases run in that order and the JSON is rewritten after each, so a run cut shor
 ``--deadline-s`` (phases that would start after it are skipped and listed) or a kill keeps
 what it measured.
 
-    nice -n 19 python bench/bench_rgc_paper_shape.py          # 2 cores: ~13 minutes
+    nice -n 19 python bench/bench_rgc_paper_shape.py   # 2 cores: 5.3 min quiet, 17 loaded
     python bench/bench_rgc_paper_shape.py --workers 4 --threads-per-worker 4,4,3,3 \\
         --backprop-threads 12 --threads 4,3 --parallel-stages   # scripts/rgc-paper-shape.sh
 

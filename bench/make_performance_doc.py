@@ -515,7 +515,7 @@ def section_rgc_paper_shape(r: dict | None, name: str) -> str:
                    "per micro-batch, median [min, max]; saved: the bytes autograd saved in the "
                    "stage's forward against the account; VmHWM: the process's growth over its "
                    "first step against the account's larger phase):\n")
-        out.append(_table(["threads", "stage", "forward", "readout", "backward", "AdamW",
+        out.append(_table(["threads", "stage", "forward", "readout", "backward", "AdamW step",
                            "saved MiB (account)", "VmHWM + MiB (account)"],
                           [[x["threads"], x["stage"], _med(x["seconds"]["forward"]),
                             _med(x["seconds"]["readout"]), _med(x["seconds"]["backward"]),
