@@ -430,7 +430,101 @@ def rgc_doc_block(r: dict | None, tvp: dict | None) -> str:
                      f"{sm['process_rss_bytes'] / 2**20:.0f} MiB RSS: RSS alone "
                      f"{sm['rss_read_s'] * 1e3:.3f} ms, RSS + PSS + USS (`smaps_rollup`) "
                      f"{sm['pss_uss_read_s'] * 1e3:.3f} ms per read.\n")
+    parts.append(section_rgc_paper_shape(_load("rgc_paper_shape"), "rgc_paper_shape.json"))
+    if _load("rgc_paper_shape_16core") is not None:
+        parts.append(section_rgc_paper_shape(_load("rgc_paper_shape_16core"),
+                                             "rgc_paper_shape_16core.json"))
     return "\n".join(parts)
+
+
+def _mib(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.0f}"
+
+
+def _med(sp: dict) -> str:
+    if not sp or not sp.get("n"):
+        return "n/a"
+    if sp["n"] == 1:
+        return f"{sp['median']:.2f}"
+    return f"{sp['median']:.2f} [{sp['min']:.2f}, {sp['max']:.2f}]"
+
+
+def section_rgc_paper_shape(r: dict | None, name: str) -> str:
+    """docs/rgc.md, "Memory at the paper's shape": the byte account, the runs' step times and
+    exact peaks, each stage's compute alone, from ``bench/bench_rgc_paper_shape.py``'s JSON."""
+    if r is None:
+        return (f"### At the paper's shape (`{name}`)\n\nNot run yet: `python "
+                "bench/bench_rgc_paper_shape.py`.\n")
+    c = r["config"]
+    acc = r["account"]
+    kinds = ["parameters", "gradients", "optimizer_state", "activations_kept",
+             "readout_transient", "queued_copies", "decoder_copies", "unused_replica",
+             "snapshot"]
+    busy = "; ".join(f"{p.get('cmd', '?')[:60]} ({p.get('cpu_percent', '?')} %)"
+                     for p in r.get("busy_processes_at_start", []))
+    out = [f"### At the paper's shape (`bench/bench_rgc_paper_shape.py`, `{name}`)\n",
+           f"Machine: {_machine(r['machine'])}; load average at start {r['loadavg_start']}, "
+           f"at end {r.get('loadavg_end')}; other busy processes at start: "
+           f"{busy or 'none'}"
+           f". Benchmark wall time {r.get('wall_s', 0):.0f} s; skipped: "
+           f"{', '.join(r.get('skipped', [])) or 'nothing'}.\n",
+           f"Model: {c['n_layers']} layers, d = {c['d_model']}, {c['n_heads']} heads, context "
+           f"{c['context']}, {c['n_stages']} stages, H = {c['horizon']}; batch "
+           f"{c['batch_size']} in {c['micro_batches']} micro-batches; {c['steps']} steps per "
+           f"run (the first left out of the step times). Async: stages {r['placement']} on "
+           f"workers of {r['threads_per_worker']} threads; backprop: "
+           f"{r['backprop_threads']} threads.\n",
+           "**Tensor-byte account** (MiB, `lmrepro.rgc.byte_account`, from the configuration; "
+           "*snapshot* is the end-of-run hand-over, outside the steps):\n"]
+    rows = [["backprop", *[_mib(acc["backprop"]["bytes"][k]) for k in kinds],
+             _mib(acc["backprop"]["total"])]]
+    for w in acc["async"]["workers"]:
+        rows.append([f"async worker {w['worker']} {w['stages']}",
+                     *[_mib(w["bytes"].get(k, 0)) for k in kinds], _mib(w["total"])])
+    pb = acc["async"]["parent"]["bytes"]
+    rows.append(["async parent", *[_mib(pb.get(k, 0)) for k in kinds],
+                 _mib(acc["async"]["parent"]["total"])])
+    out.append(_table(["process", *[k.replace("_", " ") for k in kinds], "total"], rows))
+    diff = [(k, v) for k, v in acc["async_minus_backprop"] if v]
+    out.append("\nAsync minus backprop, largest first: " + ", ".join(
+        f"{k.replace('_', ' ')} {v / 2**20:+.0f} MiB" for k, v in diff) + ".\n")
+    runs = r.get("runs", {})
+    if runs:
+        out.append("**End to end** (step time: median [min, max] of the timed steps, s; "
+                   "memory in MiB: the executor's sampled peak PSS, the sum of every process's "
+                   "`VmHWM` (an upper bound of the simultaneous peak RSS), the run's cgroup "
+                   "peak (page cache included) where the kernel offered one):\n")
+        rows = []
+        for n, x in runs.items():
+            s, ex, cg = x["summary"], x["memory_exact"], x["cgroup"]
+            pin = x["pinning"]
+            rows.append([n, f"{s['tokens_per_s']:.0f}", _med(x["step_time"]),
+                         _mib(s["peak_pss_bytes"]), _mib(s["peak_rss_bytes"]),
+                         _mib(ex["hwm_sum_bytes"]), str(ex["hwm_processes"]),
+                         _mib(cg["peak_bytes"]) if cg["source"] else "n/a",
+                         "yes" if pin.get("pinned") else f"no ({pin.get('why', '')})"])
+        out.append(_table(["run", "tokens/s", "step s", "peak PSS", "peak RSS",
+                           "sum VmHWM", "processes", "cgroup peak", "pinned"], rows))
+        cgs = {x["cgroup"]["source"] or x["cgroup"]["unavailable_because"]
+               for x in runs.values()}
+        out.append(f"\ncgroup: {'; '.join(str(v) for v in cgs)}.\n")
+    st = r.get("stage_compute", [])
+    if st:
+        out.append("**Each stage's compute alone** (one process per stage and thread count, "
+                   "bound to that many cores, the whole model built as a worker builds it; s "
+                   "per micro-batch, median [min, max]; saved: the bytes autograd saved in the "
+                   "stage's forward against the account; VmHWM: the process's growth over its "
+                   "first step against the account's larger phase):\n")
+        out.append(_table(["threads", "stage", "forward", "readout", "backward", "AdamW step",
+                           "saved MiB (account)", "VmHWM + MiB (account)"],
+                          [[x["threads"], x["stage"], _med(x["seconds"]["forward"]),
+                            _med(x["seconds"]["readout"]), _med(x["seconds"]["backward"]),
+                            _med(x["seconds"]["optimizer"]),
+                            f"{_mib(x['saved_bytes_measured'])} "
+                            f"({_mib(x['saved_bytes_account'])})",
+                            f"{_mib(x['hwm_growth_bytes'])} "
+                            f"({_mib(x['hwm_growth_account_bytes'])})"] for x in st]))
+    return "\n".join(out) + "\n"
 
 
 def update_rgc_doc(text: str, block: str) -> str:

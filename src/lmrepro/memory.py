@@ -15,18 +15,44 @@ can say how much of a multi-process run's memory is runtimes and how much is its
 
 PSS and USS come from ``/proc/<pid>/smaps_rollup`` (``psutil.memory_full_info``); where that is
 unreadable the RSS is used for both and ``approximate`` is set.
+
+**Exact peaks.** A sampled sum misses what happens between two samples (a burst that is freed,
+or a process that starts and exits, within one interval). Two figures do not depend on sampling:
+
+* *high-water marks*: the kernel keeps each process's peak RSS (``VmHWM`` in
+  ``/proc/<pid>/status``). The sampler reads it for every process of the tree at every sample
+  (the cheap RSS tick reads it too: the same file gives ``VmRSS``) and at the end; a process
+  that exited between two reads keeps its last read value (a lower bound of its own peak), and
+  the children this process reaped are covered by ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` (the
+  largest peak RSS of any reaped child, kept by the kernel after it exits; counted when it grew
+  during the run). Their sum, ``hwm_sum_bytes``, is an **upper bound** of the tree's
+  simultaneous peak RSS (the processes need not peak at the same time; shared pages count in
+  every process, as in RSS), exact for each process read at its end or reaped here.
+* *a cgroup peak* (:class:`RunCgroup`): the run's processes placed in a child memory cgroup,
+  the kernel records the peak of their charged memory (cgroup v2 ``memory.peak``, kernel >=
+  5.19; cgroup v1 ``memory.max_usage_in_bytes``). It counts every page once, whenever charged,
+  page cache the run brought in included, and needs write access to the cgroup hierarchy
+  (root); where that is refused the reason is reported and the figure is None.
+
+:meth:`MemorySampler.exact` returns both (for a run summary's ``details``), beside the sampled
+``peak`` whose fields keep their meaning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
+import resource
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import psutil
 
@@ -85,6 +111,157 @@ def process_memory(proc: psutil.Process) -> tuple[Memory, bool]:
         return Memory(rss, rss, rss), True
 
 
+def status_memory(pid: int) -> tuple[int, int] | None:
+    """``(VmRSS, VmHWM)`` in bytes of process ``pid`` from ``/proc/<pid>/status``; None when the
+    process is gone, has no memory map (a zombie, a kernel thread) or /proc is not there."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    rss = hwm = None
+    for line in text.splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024
+        elif line.startswith("VmHWM:"):
+            hwm = int(line.split()[1]) * 1024
+    return (rss, hwm) if rss is not None and hwm is not None else None
+
+
+def reaped_children_max_rss() -> int:
+    """The largest peak RSS (bytes) of any child this process has reaped, and of their reaped
+    descendants (``getrusage(RUSAGE_CHILDREN).ru_maxrss``, KiB on Linux)."""
+    return int(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _own_cgroups(pid: int | str = "self") -> dict[str, str]:
+    """This process's cgroup path by controller (``""``: the cgroup v2 hierarchy)."""
+    out: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for c in controllers.split(",") if controllers else [""]:
+                out[c] = path
+    return out
+
+
+class RunCgroup:
+    """A child memory cgroup of this process's own, for one run: the kernel's peak of the memory
+    charged to the processes placed in it (:meth:`add`; their children join by themselves).
+
+    cgroup v2 is tried first (``memory.peak``: the memory controller must be enabled for the
+    children of this process's cgroup, and ``memory.peak`` exists from kernel 5.19), then v1
+    (``memory.max_usage_in_bytes`` of the ``memory`` hierarchy). ``kind`` says which file is
+    read (None: neither could be made, ``reason`` says why: not root, no memory controller,
+    ...). Pages are charged to the cgroup of the process that first touches them: a process
+    should be placed before it allocates (right after it starts). ``close`` moves what is left
+    to the parent cgroup and removes the child."""
+
+    V2, V1 = "cgroup v2 memory.peak", "cgroup v1 memory.max_usage_in_bytes"
+
+    def __init__(self, label: str = "lmrepro-run", root: Path = CGROUP_ROOT) -> None:
+        self.path: Path | None = None
+        self.parent: Path | None = None
+        self.kind: str | None = None
+        self.reason = ""
+        self._peak_file = ""
+        name = f"{label}-{os.getpid()}-{time.monotonic_ns()}"
+        own = _own_cgroups()
+        reasons = []
+        v2_root = root if (root / "cgroup.controllers").exists() else root / "unified"
+        if "" in own and (v2_root / "cgroup.controllers").exists():
+            base = v2_root / own[""].lstrip("/")
+            why = self._try(base, name, "memory.peak", v2=True)
+            if why is None:
+                self.kind = self.V2
+                return
+            reasons.append(f"v2 ({base}): {why}")
+        else:
+            reasons.append("v2: no cgroup v2 hierarchy")
+        if "memory" in own and (root / "memory").is_dir():
+            base = root / "memory" / own["memory"].lstrip("/")
+            why = self._try(base, name, "memory.max_usage_in_bytes", v2=False)
+            if why is None:
+                self.kind = self.V1
+                return
+            reasons.append(f"v1 ({base}): {why}")
+        else:
+            reasons.append("v1: no memory controller hierarchy")
+        self.reason = "; ".join(reasons)
+
+    def _try(self, base: Path, name: str, peak_file: str, v2: bool) -> str | None:
+        """Make ``base/name`` with ``peak_file``; None on success, else why not."""
+        if v2:
+            try:
+                enabled = (base / "cgroup.subtree_control").read_text().split()
+            except OSError as exc:
+                return f"cannot read cgroup.subtree_control ({exc.strerror})"
+            if "memory" not in enabled:
+                try:    # refused (EBUSY) when the cgroup holds processes: no internal processes
+                    (base / "cgroup.subtree_control").write_text("+memory")
+                except OSError as exc:
+                    return ("the memory controller is not enabled for child cgroups and cannot "
+                            f"be ({exc.strerror})")
+        path = base / name
+        try:
+            path.mkdir()
+        except OSError as exc:
+            return f"cannot create a child cgroup ({exc.strerror}; needs root)"
+        if not (path / peak_file).exists():
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            return f"no {peak_file} (kernel too old?)"
+        self.path, self.parent, self._peak_file = path, base, peak_file
+        return None
+
+    @property
+    def available(self) -> bool:
+        return self.kind is not None
+
+    def add(self, pid: int) -> None:
+        """Place process ``pid`` (and so the children it starts afterwards) in the cgroup."""
+        if self.path is not None:
+            (self.path / "cgroup.procs").write_text(str(pid))
+
+    def peak_bytes(self) -> int | None:
+        """The kernel's peak of the cgroup's charged memory so far (None when unavailable)."""
+        if self.path is None:
+            return None
+        try:
+            return int((self.path / self._peak_file).read_text().split()[0])
+        except (OSError, ValueError):
+            return None
+
+    def info(self) -> dict[str, Any]:
+        return {"source": self.kind, "peak_bytes": self.peak_bytes(),
+                "unavailable_because": None if self.available else self.reason}
+
+    def close(self) -> None:
+        """Move the processes still in the cgroup to the parent, then remove it."""
+        if self.path is None or self.parent is None:
+            return
+        for _ in range(50):
+            with contextlib.suppress(OSError):
+                for pid in (self.path / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        (self.parent / "cgroup.procs").write_text(pid)
+            try:
+                self.path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+        self.path = None
+
+    def __enter__(self) -> RunCgroup:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
 def tree_processes(proc: psutil.Process | None = None, exclude_pids: set[int] | None = None
                    ) -> list[psutil.Process]:
     """``proc`` (default: this process) and every live descendant, without ``exclude_pids``
@@ -119,10 +296,14 @@ class MemorySampler:
     (by more than 1 %) and at least every ``full_interval_s``. ``children=False`` measures this
     process only (one data-parallel worker of many). ``max_processes`` is the largest number of
     processes one sample counted (e.g. 1 + W for an async RGC run of W workers: the
-    multiprocessing helpers are not counted)."""
+    multiprocessing helpers are not counted).
+
+    Beside the sampled peak, every read also takes each process's high-water mark (``VmHWM``),
+    and ``cgroup`` (a :class:`RunCgroup` the run's processes were placed in) is read at the end:
+    :meth:`exact` (module docstring, "Exact peaks")."""
 
     def __init__(self, interval_s: float = 0.1, children: bool = True,
-                 full_interval_s: float = 1.0) -> None:
+                 full_interval_s: float = 1.0, cgroup: RunCgroup | None = None) -> None:
         self.interval_s = interval_s
         self.full_interval_s = full_interval_s
         self.children = children
@@ -138,6 +319,12 @@ class MemorySampler:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._proc = psutil.Process()
+        self.cgroup = cgroup
+        self.hwm: dict[int, int] = {}       # pid -> the highest VmHWM read (bytes)
+        self._seen: dict[int, psutil.Process] = {}
+        self._reaped_start = 0
+        self._reaped_end = 0
+        self._cgroup_info: dict[str, Any] | None = None
 
     @property
     def peak_bytes(self) -> int:
@@ -156,8 +343,20 @@ class MemorySampler:
         self._known = procs
         mem, approx, counted = _sum_memory(procs)
         with self._lock:
+            for p in procs:
+                self._seen.setdefault(p.pid, p)
+                self._read_hwm(p.pid)
             self._record_full(mem, approx, counted)
         return mem
+
+    def _read_hwm(self, pid: int) -> int | None:
+        """Read ``pid``'s status, keep its high-water mark; its RSS (None: gone)."""
+        got = status_memory(pid)
+        if got is None:
+            return None
+        rss, hwm = got
+        self.hwm[pid] = max(self.hwm.get(pid, 0), hwm)
+        return rss
 
     def _record_full(self, mem: Memory, approx: bool, counted: int) -> None:
         self.max_processes = max(self.max_processes, counted)
@@ -175,11 +374,15 @@ class MemorySampler:
         procs = self._known
         rss, counted = 0, 0
         for p in procs:
-            try:
-                rss += int(p.memory_info().rss)
-                counted += 1
-            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                continue
+            with self._lock:
+                got = self._read_hwm(p.pid)     # /proc/<pid>/status: VmRSS and VmHWM
+            if got is None:
+                try:
+                    got = int(p.memory_info().rss)
+                except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                    continue
+            rss += got
+            counted += 1
         if rss > 1.01 * self._full_rss_high or \
                 time.monotonic() - self._last_full >= self.full_interval_s:
             self.sample()
@@ -194,6 +397,7 @@ class MemorySampler:
             self._tick()
 
     def start(self) -> MemorySampler:
+        self._reaped_start = reaped_children_max_rss()
         self.sample()
         self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
         self._thread.start()
@@ -204,7 +408,45 @@ class MemorySampler:
         if self._thread is not None:
             self._thread.join()
         self.sample()
+        with self._lock:
+            for pid, p in self._seen.items():   # processes that left the tree but still live
+                with contextlib.suppress(psutil.Error):
+                    if p.is_running():          # the same process (not a reused pid)
+                        self._read_hwm(pid)
+        self._reaped_end = reaped_children_max_rss()
+        if self.cgroup is not None:
+            self._cgroup_info = self.cgroup.info()
         return self.peak
+
+    @property
+    def reaped_max_rss(self) -> int:
+        """The largest peak RSS of a child reaped by this process during the run (0: none
+        larger than one reaped before it started)."""
+        return self._reaped_end if self._reaped_end > self._reaped_start else 0
+
+    @property
+    def hwm_sum_bytes(self) -> int:
+        """Sum of the high-water marks of every process seen, plus :attr:`reaped_max_rss`: an
+        upper bound of the tree's simultaneous peak RSS (module docstring)."""
+        return sum(self.hwm.values()) + self.reaped_max_rss
+
+    def exact(self) -> dict[str, Any]:
+        """The peaks that do not depend on sampling (module docstring, "Exact peaks"), for a run
+        summary's ``details``: ``hwm_sum_bytes`` (an upper bound of the simultaneous peak RSS
+        of the tree), ``hwm_by_process`` (pid -> VmHWM bytes), ``reaped_children_max_rss_bytes``,
+        ``cgroup`` (``source``: which kernel figure was read, or None with
+        ``unavailable_because``; ``peak_bytes``) and ``sampled_peak`` (the sampled RSS/PSS/USS
+        sums, for comparison). Complete after :meth:`stop`."""
+        with self._lock:
+            by_process = {str(pid): v for pid, v in sorted(self.hwm.items())}
+        cg = self._cgroup_info if self._cgroup_info is not None else (
+            self.cgroup.info() if self.cgroup is not None else
+            {"source": None, "peak_bytes": None, "unavailable_because": "no cgroup given"})
+        return {"hwm_sum_bytes": self.hwm_sum_bytes if self.hwm else None,
+                "hwm_sum_is": "upper bound of the simultaneous peak RSS of the tree",
+                "hwm_by_process": by_process, "hwm_processes": len(by_process),
+                "reaped_children_max_rss_bytes": self.reaped_max_rss,
+                "cgroup": cg, "sampled_peak": self.peak.to_dict()}
 
     def __enter__(self) -> MemorySampler:
         return self.start()

@@ -1,0 +1,228 @@
+"""Tensor bytes of an RGC run by stage and by kind, computed from its configuration.
+
+The paper attributes async RGC's memory (4.31 GiB against backprop's 1.94) to "activation
+copies and snapshots". This module counts, from an :class:`RGCConfig` alone, what each process
+of each executor holds as tensors (float32, 4 bytes; byte ids int64) at its peak within a step,
+so a measured peak can be split into the model's tensors and the rest (runtimes, allocator):
+
+* ``parameters``: the stages' own parameters (stage 0 with the embedding);
+* ``gradients``: their ``.grad`` (alive from the first backward to the next ``zero_grad``);
+* ``optimizer_state``: AdamW's two moments (``exp_avg``, ``exp_avg_sq``) and its ``step`` scalar
+  per tensor (``foreach=False``: no multi-tensor temporaries);
+* ``activations_kept``: the tensors autograd saves for the backward of the stages' blocks, per
+  micro-batch (:func:`block_saved_bytes`), times the micro-batches kept at once: the async
+  executor keeps one micro-batch's graph per stage with H = 1 (freed after its backward) and
+  all M of a stage a gradient comes back to with H > 1 (the last stage: one); backprop keeps one
+  micro-batch of the whole model (it accumulates micro-batch by micro-batch);
+* ``readout_transient``: one readout's saved tensors (LayerNorm, log-softmax over 256 bytes),
+  freed at once by the async executor, part of the micro-batch graph in backprop;
+* ``queued_copies``: the activation (and, H > 1, gradient) copies a worker has sent and the next
+  has not yet taken, at most ``queue_size`` per queue (numpy copies pickled through the pipe:
+  the sender's graph is not shared); the received copy is the next stage's input (counted in
+  its ``activations_kept``);
+* ``decoder_copies``: each worker's replica of the shared decoder: parameters, gradient, AdamW
+  moments and the flattened all-reduce buffer (with a stale consensus, s more pending);
+* ``unused_replica``: the parameters of the stages a worker does not run (every worker builds
+  the whole model from the seed, then trains its own stages only);
+* ``snapshot``: the state a worker hands over for a checkpoint or at the end (its parameters
+  and optimizer state as ``torch.save`` bytes; worker 0 adds the decoder's), and in the parent
+  the states of all workers and the assembled model; backprop: the final ``state_dict`` clone.
+
+The saved-tensor counts are those of this torch's CPU kernels (scaled-dot-product attention by
+the flash kernel: q, k, v, the output and a log-sum-exp per head and token, no T x T matrix),
+checked against ``torch.autograd.graph.saved_tensors_hooks`` in the tests and by the paper-shape
+benchmark (``bench/bench_rgc_paper_shape.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from lmrepro.model import VOCAB_SIZE
+from lmrepro.rgc.config import RGCConfig
+
+FLOAT = 4      # float32
+INDEX = 8      # int64 byte ids and targets
+KINDS = ("parameters", "gradients", "optimizer_state", "activations_kept", "readout_transient",
+         "queued_copies", "decoder_copies", "unused_replica", "snapshot")
+
+
+def block_parameters(cfg: RGCConfig) -> int:
+    """Parameters of one transformer block: two LayerNorms, qkv and output projections (with
+    bias), the MLP (with bias)."""
+    d, h = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    return 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d)
+
+
+def embedding_parameters(cfg: RGCConfig) -> int:
+    return (VOCAB_SIZE + cfg.context) * cfg.d_model
+
+
+def decoder_parameters(cfg: RGCConfig) -> int:
+    """The readout: final LayerNorm and the 256-way projection (no bias)."""
+    return 2 * cfg.d_model + cfg.d_model * VOCAB_SIZE
+
+
+def stage_parameters(cfg: RGCConfig, k: int) -> int:
+    return cfg.layers_per_stage * block_parameters(cfg) + (embedding_parameters(cfg) if k == 0
+                                                           else 0)
+
+
+def stage_tensors(cfg: RGCConfig, k: int) -> int:
+    """Parameter tensors of stage k (12 per block, 2 for the embedding)."""
+    return 12 * cfg.layers_per_stage + (2 if k == 0 else 0)
+
+
+def model_parameters(cfg: RGCConfig) -> int:
+    return cfg.n_layers * block_parameters(cfg) + embedding_parameters(cfg) \
+        + decoder_parameters(cfg)
+
+
+def block_saved_bytes(cfg: RGCConfig, micro_batch: int | None = None) -> int:
+    """Bytes autograd saves in one block's forward for its backward, parameters excluded, for
+    ``micro_batch`` sequences (default the configuration's) of ``context`` bytes. Per token:
+    the block input, LayerNorm 1's output, qkv (3d), the attention output (the output
+    projection's input is a view of it), the residual sum, LayerNorm 2's output, the MLP's
+    hidden pre- and post-GELU (2 x mlp_ratio x d); LayerNorm mean and rstd (2 x 2 floats); the
+    attention's log-sum-exp (one per head)."""
+    b = cfg.micro_batch_size if micro_batch is None else micro_batch
+    d = cfg.d_model
+    per_token = (5 + 3 + 2 * cfg.mlp_ratio) * d + 4 + cfg.n_heads
+    return FLOAT * b * cfg.context * per_token
+
+
+def embedding_saved_bytes(cfg: RGCConfig, micro_batch: int | None = None) -> int:
+    """The embedding saves the byte ids and the positions (int64)."""
+    b = cfg.micro_batch_size if micro_batch is None else micro_batch
+    return INDEX * (b * cfg.context + cfg.context)
+
+
+def readout_saved_bytes(cfg: RGCConfig, micro_batch: int | None = None) -> int:
+    """One readout with its loss: the input and LayerNorm output (2d), mean and rstd, the
+    log-softmax over 256 bytes, the targets (int64), and the loss's scalar."""
+    b = cfg.micro_batch_size if micro_batch is None else micro_batch
+    n = b * cfg.context
+    return FLOAT * n * (2 * cfg.d_model + 2 + VOCAB_SIZE) + INDEX * n + FLOAT
+
+
+def stage_saved_bytes(cfg: RGCConfig, k: int, micro_batch: int | None = None) -> int:
+    """Saved tensors of stage k's blocks (and embedding, stage 0) for one micro-batch."""
+    return cfg.layers_per_stage * block_saved_bytes(cfg, micro_batch) + (
+        embedding_saved_bytes(cfg, micro_batch) if k == 0 else 0)
+
+
+def activation_message_bytes(cfg: RGCConfig) -> int:
+    """One forward message between workers: the activation (b, T, d) and the targets (int64)."""
+    n = cfg.micro_batch_size * cfg.context
+    return FLOAT * n * cfg.d_model + INDEX * n
+
+
+def gradient_message_bytes(cfg: RGCConfig, k: int) -> int:
+    """One backward message from stage k to k-1 (H > 1): one (b, T, d) gradient per group of
+    losses that continues below k (at most min(k, H - 1))."""
+    groups = min(k, cfg.horizon - 1)
+    return FLOAT * cfg.micro_batch_size * cfg.context * cfg.d_model * groups
+
+
+def _adam_bytes(n_params: int, n_tensors: int) -> int:
+    return 2 * FLOAT * n_params + FLOAT * n_tensors
+
+
+def async_account(cfg: RGCConfig) -> dict[str, Any]:
+    """Bytes by kind for each worker of the async executor (and the parent), at the peak of a
+    step (the end of the forward phase, gradients and optimizer state alive), plus the
+    hand-over snapshot. Returns ``{"workers": [{"stages", "bytes": {kind: n}, "total"}, ...],
+    "parent": {...}, "total": n}``."""
+    K, M, H = cfg.n_stages, cfg.micro_batches, cfg.horizon
+    n_dec = decoder_parameters(cfg)
+    dec_tensors = 3
+    workers: list[dict[str, Any]] = []
+    for w, stages in enumerate(cfg.placement):
+        own = sum(stage_parameters(cfg, k) for k in stages)
+        own_t = sum(stage_tensors(cfg, k) for k in stages)
+        kept = 0
+        for k in stages:
+            waits = H > 1 and k < K - 1
+            kept += (M if waits else 1) * stage_saved_bytes(cfg, k)
+        last = stages[-1]
+        queued = cfg.queue_size * activation_message_bytes(cfg) if last < K - 1 else 0
+        if H > 1 and stages[0] > 0:
+            queued += cfg.queue_size * gradient_message_bytes(cfg, stages[0])
+        snapshot = FLOAT * own + _adam_bytes(own, own_t)
+        if w == 0:
+            snapshot += FLOAT * n_dec + _adam_bytes(n_dec, dec_tensors)
+        b = {"parameters": FLOAT * own, "gradients": FLOAT * own,
+             "optimizer_state": _adam_bytes(own, own_t), "activations_kept": kept,
+             "readout_transient": readout_saved_bytes(cfg), "queued_copies": queued,
+             # parameters, gradient, 2 AdamW moments, the all-reduce buffer, s pending
+             "decoder_copies": FLOAT * n_dec * (5 + cfg.consensus_staleness)
+             + FLOAT * dec_tensors,
+             "unused_replica": FLOAT * (model_parameters(cfg) - own - n_dec),
+             "snapshot": snapshot}
+        workers.append({"worker": w, "stages": list(stages), "bytes": b,
+                        "total": sum(b.values())})
+    full = FLOAT * model_parameters(cfg)
+    optim_all = sum(_adam_bytes(stage_parameters(cfg, k), stage_tensors(cfg, k))
+                    for k in range(K)) + _adam_bytes(n_dec, 3)
+    # the template model, every worker's state received (parameters + optimizer state), and
+    # the final state assembled and cloned
+    parent = {"parameters": full, "snapshot": full + optim_all + full}
+    return {"executor": "async", "workers": workers,
+            "parent": {"bytes": parent, "total": sum(parent.values())},
+            "total": sum(int(x["total"]) for x in workers) + sum(parent.values())}
+
+
+def backprop_account(cfg: RGCConfig) -> dict[str, Any]:
+    """Bytes by kind of the global-backprop executor (one process): the whole model, its
+    gradients and AdamW state, one micro-batch's graph of every block, the embedding and the
+    readout, and the final state's clone."""
+    full = model_parameters(cfg)
+    n_tensors = 12 * cfg.n_layers + 2 + 3
+    kept = sum(stage_saved_bytes(cfg, k) for k in range(cfg.n_stages))
+    b = {"parameters": FLOAT * full, "gradients": FLOAT * full,
+         "optimizer_state": _adam_bytes(full, n_tensors), "activations_kept": kept,
+         "readout_transient": readout_saved_bytes(cfg), "queued_copies": 0,
+         "decoder_copies": 0, "unused_replica": 0, "snapshot": FLOAT * full}
+    return {"executor": "backprop", "bytes": b, "total": sum(b.values())}
+
+
+def peak_in_step(by_kind: dict[str, int]) -> int:
+    """Bytes alive at once inside a training step (the snapshot comes after the last step)."""
+    return sum(v for k, v in by_kind.items() if k != "snapshot")
+
+
+def dominant_difference(async_acc: dict[str, Any], backprop_acc: dict[str, Any]
+                        ) -> list[tuple[str, int]]:
+    """Async's bytes minus backprop's, by kind, over the whole async tree (workers and
+    parent), largest first: what explains the difference."""
+    diff = {k: 0 for k in KINDS}
+    for w in async_acc["workers"]:
+        for k, v in w["bytes"].items():
+            diff[k] += v
+    for k, v in async_acc["parent"]["bytes"].items():
+        diff[k] += v
+    for k, v in backprop_acc["bytes"].items():
+        diff[k] -= v
+    return sorted(diff.items(), key=lambda kv: -abs(kv[1]))
+
+
+def measure_saved_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = ()
+                        ) -> tuple[int, Any]:
+    """``(bytes, fn())``: the bytes of the distinct storages autograd saves for the backward
+    while ``fn`` runs (``saved_tensors_hooks``), leaving out those of ``exclude`` (the
+    parameters, which a Linear saves too)."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(seen.values()), out

@@ -1,0 +1,81 @@
+"""The tensor-byte account of an RGC run (lmrepro.rgc.byte_account) against the real model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmrepro.model import lm_loss
+from lmrepro.rgc import byte_account as ba
+from lmrepro.rgc.common import build_model
+from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.stages import run_stage, stage_bounds, stage_parameters
+
+
+def tiny(**kw: object) -> RGCConfig:
+    base = dict(n_layers=4, n_stages=2, d_model=32, n_heads=4, context=16, batch_size=8,
+                micro_batches=2, steps=2, warmup_steps=1)
+    return RGCConfig(**{**base, **kw})
+
+
+def test_parameter_bytes_equal_the_models_tensors() -> None:
+    cfg = tiny()
+    model = build_model(cfg, 0)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert ba.FLOAT * ba.model_parameters(cfg) == total
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    for k in range(cfg.n_stages):
+        params = stage_parameters(model, bounds, k)
+        assert ba.stage_parameters(cfg, k) == sum(p.numel() for p in params)
+        assert ba.stage_tensors(cfg, k) == len(params)
+    assert ba.decoder_parameters(cfg) == sum(p.numel() for p in model.decoder.parameters())
+
+
+@pytest.mark.parametrize("b,context", [(1, 16), (2, 16), (2, 32)])
+def test_saved_activation_bytes_match_autograd(b: int, context: int) -> None:
+    """The formula equals the storages autograd saves (parameters left out), per stage and for
+    the readout, at several micro-batch sizes and contexts."""
+    cfg = tiny(context=context)
+    model = build_model(cfg, 0)
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    x = torch.randint(0, 256, (b, context))
+    params = list(model.parameters())
+    got0, h = ba.measure_saved_bytes(lambda: run_stage(model, bounds, 0, x), params)
+    assert got0 == ba.stage_saved_bytes(cfg, 0, b)
+    leaf = h.detach().requires_grad_(True)
+    got1, h1 = ba.measure_saved_bytes(lambda: run_stage(model, bounds, 1, leaf), params)
+    assert got1 == ba.stage_saved_bytes(cfg, 1, b)
+    r = h1.detach().requires_grad_(True)
+    got_r, _ = ba.measure_saved_bytes(lambda: lm_loss(model.decoder(r), x), params)
+    assert got_r == ba.readout_saved_bytes(cfg, b)
+
+
+def test_activation_bytes_scale_linearly_with_micro_batch_and_context() -> None:
+    cfg = tiny()
+    one = ba.block_saved_bytes(cfg, 1)
+    assert ba.block_saved_bytes(cfg, 4) == 4 * one
+    assert ba.block_saved_bytes(tiny(context=64), 1) == 4 * one
+    # the async executor keeps M micro-batches of a stage a gradient comes back to
+    h1, h2 = ba.async_account(tiny(horizon=1)), ba.async_account(tiny(horizon=2))
+    kept1 = h1["workers"][0]["bytes"]["activations_kept"]
+    kept2 = h2["workers"][0]["bytes"]["activations_kept"]
+    assert kept2 == tiny().micro_batches * kept1
+    # the last stage never waits for a gradient
+    assert h2["workers"][-1]["bytes"]["activations_kept"] == \
+        h1["workers"][-1]["bytes"]["activations_kept"]
+
+
+def test_accounts_cover_every_kind_and_the_difference_sums() -> None:
+    cfg = tiny(n_stages=4, stages_per_worker=[1, 1, 1, 1], n_layers=4)
+    a, b = ba.async_account(cfg), ba.backprop_account(cfg)
+    for w in a["workers"]:
+        assert set(w["bytes"]) == set(ba.KINDS) and w["total"] == sum(w["bytes"].values())
+    # every worker holds the whole model: its own stage's parameters plus the unused replica
+    # plus the decoder replica
+    for w in a["workers"]:
+        own = w["bytes"]["parameters"] + w["bytes"]["unused_replica"]
+        assert own + ba.FLOAT * ba.decoder_parameters(cfg) == ba.FLOAT * ba.model_parameters(cfg)
+    diff = dict(ba.dominant_difference(a, b))
+    assert sum(diff.values()) == a["total"] - b["total"]
+    # the backprop graph is every stage's graph plus one readout
+    assert b["bytes"]["activations_kept"] == sum(ba.stage_saved_bytes(cfg, k) for k in range(4))
