@@ -105,6 +105,7 @@ class RunSummary(BaseModel):
     mean_step_time_s: float = Field(gt=0)
     train_time_s: float = Field(gt=0)
     step_time_std_s: float | None = Field(default=None, ge=0)   # spread of the step times
+    checkpoint_time_s: float | None = Field(default=None, ge=0)  # checkpoint writes, apart
     peak_rss_bytes: int = Field(ge=0)
     peak_pss_bytes: int | None = Field(default=None, ge=0)
     peak_uss_bytes: int | None = Field(default=None, ge=0)
