@@ -4,7 +4,7 @@ A trainer builds its model and optimizers, then hands the harness its *step* (on
 step at a given learning rate, returning what it logs) and its *state* (what a checkpoint holds).
 The harness owns the rest, the same for every trainer:
 
-* the run directory and its identity: one writer (:func:`lmrepro.results.writer_lock`, taken by
+* the run directory and its identity: one writer (:func:`lmrepro.runlock.writer_lock`, taken by
   ``with Run(...)``), a checkpoint of another configuration refused;
 * resume: the last complete checkpoint handed to the trainer's ``restore``, ``metrics.jsonl`` cut
   back to its step (:func:`lmrepro.results.truncate_metrics`), the training time and peak memory
@@ -36,7 +36,8 @@ from lmrepro.io import append_jsonl
 from lmrepro.memory import Memory, MemorySampler
 from lmrepro.results import (METRICS, SUMMARY, RunSummary, load_checkpoint, publish_checkpoint,
                              save_checkpoint, step_time_std, truncate_metrics, write_eval_losses,
-                             write_summary, writer_lock)
+                             write_summary)
+from lmrepro.runlock import writer_lock
 
 #: what a step returns: at least ``loss`` (nats), then anything else it logs for the step
 StepFn = Callable[[int, float], dict[str, Any]]

@@ -11,7 +11,7 @@ checkpointed step, so a run killed at any point and resumed ends with the same p
 metrics, bit for bit on CPU, as one that was never interrupted. A run killed after its last
 checkpoint resumes with nothing left to train and still writes a complete summary: its throughput
 from the training time and its peak memory from the checkpoint. One writer per run directory
-(:func:`lmrepro.results.writer_lock`).
+(:func:`lmrepro.runlock.writer_lock`).
 """
 
 from __future__ import annotations
