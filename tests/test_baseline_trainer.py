@@ -55,14 +55,15 @@ KILL_AT_CHECKPOINT = textwrap.dedent("""
     import os, signal, sys, json, numpy as np, torch
     torch.set_num_threads(1)
     from lmrepro.model import ModelConfig
+    from lmrepro import harness as H
     from lmrepro.baseline import trainer as T
     from lmrepro.baseline.config import BaselineConfig
-    real = T.checkpoint
+    real = H.publish_checkpoint
     def save_then_die(out_dir, step, *a, **k):
         real(out_dir, step, *a, **k)
         if step == int(sys.argv[1]):
             os.kill(os.getpid(), signal.SIGKILL)  # a kill -9 right after a checkpoint
-    T.checkpoint = save_then_die
+    H.publish_checkpoint = save_then_die
     cfg, settings, data_path, out, seed = json.loads(sys.argv[2])
     data = np.load(data_path)
     T.train_single(ModelConfig(**cfg), BaselineConfig(**settings), data[:70000], data[70000:],

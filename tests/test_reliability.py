@@ -32,9 +32,9 @@ from lmrepro.io import (DamagedFileError, DiskFullError, NonFiniteError, append_
                         read_jsonl)
 from lmrepro.lifetime import FAULT_ENV, guarded_command, pid_alive, scratch_dir, sweep_scratch
 from lmrepro.pipeline.params import load_params
-from lmrepro.results import (WRITER_LOCK, CheckpointError, RunDirectoryBusy, latest_checkpoint,
-                             load_checkpoint, prepare_runs_dir, read_run, read_summary,
-                             truncate_metrics, write_summary, writer_lock)
+from lmrepro.results import (CheckpointError, latest_checkpoint, load_checkpoint, prepare_runs_dir,
+                             read_run, read_summary, truncate_metrics, write_summary)
+from lmrepro.runlock import WRITER_LOCK, RunDirectoryBusy, writer_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -79,7 +79,7 @@ def children_of(pid: int) -> list[int]:
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from lmrepro.results import writer_lock
+    from lmrepro.runlock import writer_lock
     with writer_lock(sys.argv[1]):
         print("held", flush=True)
         time.sleep(120)
@@ -1071,7 +1071,7 @@ def _notebook(path: Path, source: str) -> Path:
 
 @pytest.mark.slow
 def test_a_notebook_failing_on_our_own_error_is_one_line(tmp_path):
-    nb = _notebook(tmp_path / "nb.ipynb", "from lmrepro.results import RunDirectoryBusy\n"
+    nb = _notebook(tmp_path / "nb.ipynb", "from lmrepro.runlock import RunDirectoryBusy\n"
                    "raise RunDirectoryBusy('results/x/runs', 'PID 123 (lmrepro notebook)')")
     proc = subprocess.run([PY, "-m", "lmrepro", "notebook", str(nb), "--reports",
                            str(tmp_path / "reports")], cwd=ROOT, capture_output=True, text=True,

@@ -202,7 +202,7 @@ def test_pipelined_backward_equals_the_windowed_local_gradients(n_stages: int, h
     gradients, gradients sent down grouped by the stage where they stop), run here in one
     process with the messages passed by hand, accumulates exactly the sync executor's
     gradients (``accumulate_rgc_grads``) for every horizon and placement, over 2 micro-batches."""
-    from lmrepro.rgc.async_ import WorkerStages
+    from lmrepro.rgc.worker import WorkerStages
 
     cfg = RGCConfig(n_layers=n_stages, n_stages=n_stages, horizon=horizon, d_model=16,
                     n_heads=2, context=12, batch_size=4, micro_batches=2)

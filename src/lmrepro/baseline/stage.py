@@ -10,7 +10,8 @@ from lmrepro.baseline.trainer import train_single
 from lmrepro.data.batches import check_context
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
-from lmrepro.results import (SUMMARY, holds_writer_lock, prepare_runs_dir, read_summary,
+from lmrepro.runlock import holds_writer_lock
+from lmrepro.results import (SUMMARY, prepare_runs_dir, read_summary,
                              seed_dir, write_stage_products)
 
 

@@ -11,14 +11,14 @@ checkpointed step, so a run killed at any point and resumed ends with the same p
 metrics, bit for bit on CPU, as one that was never interrupted. A run killed after its last
 checkpoint resumes with nothing left to train and still writes a complete summary: its throughput
 from the training time and its peak memory from the checkpoint. One writer per run directory
-(:func:`lmrepro.results.writer_lock`).
+(:func:`lmrepro.runlock.writer_lock`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -27,14 +27,11 @@ from tqdm.auto import tqdm
 from lmrepro.baseline.config import BaselineConfig
 from lmrepro.baseline.roles import BaselineMethod
 from lmrepro.data.batches import check_context, sample_batch
-from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
-from lmrepro.io import append_jsonl, read_jsonl
-from lmrepro.memory import Memory, MemorySampler, memory_fields
+from lmrepro.evaluation import bits_per_byte, evaluate_losses
+from lmrepro.harness import Cadence, Run, Schedule
+from lmrepro.memory import memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import weight_decay_groups
-from lmrepro.results import (METRICS, RunSummary, checkpoint, holds_writer_lock,
-                             load_checkpoint, step_time_std, truncate_metrics, write_eval_losses,
-                             write_summary)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +53,7 @@ def make_optimizer(model: torch.nn.Module, s: BaselineConfig) -> torch.optim.Ada
 def compiled_forward(model: torch.nn.Module, s: BaselineConfig) -> torch.nn.Module:
     """The module used for training forward passes: ``torch.compile(model)`` when
     ``s.compile`` (parameters stay shared with ``model``), else ``model`` itself."""
-    return torch.compile(model) if s.compile else model
+    return cast(torch.nn.Module, torch.compile(model)) if s.compile else model
 
 
 def train_step(forward: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -79,89 +76,71 @@ def run_identity(model_cfg: ModelConfig, settings: BaselineConfig, seed: int, na
             "name": name, "corpus": corpus, "data_bytes": [n_train, n_val]}
 
 
-@holds_writer_lock("out_dir")
 def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: np.ndarray,
                  val_data: np.ndarray, out_dir: str | Path, *, seed: int = 0, corpus: str = "",
                  name: str = "backprop", progress: bool = True) -> dict:
     """Train one model with global backprop; write the run directory; return its summary."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     check_context(len(train_data), model_cfg.context, "model.context")
     check_context(len(val_data), model_cfg.context, "model.context")
     torch.set_num_threads(settings.threads)
-    sampler = MemorySampler().start()
-
     torch.manual_seed(seed)
     model = ByteTransformer(model_cfg)
     opt = make_optimizer(model, settings)
     forward = compiled_forward(model, settings)
     gen = torch.Generator().manual_seed(seed)
-    start, elapsed, trained_peak = 0, 0.0, Memory()
-    identity = run_identity(model_cfg, settings, seed, name, corpus, len(train_data),
-                            len(val_data))
-    ckpt = load_checkpoint(out_dir, identity)
-    if ckpt is not None:
+    s = settings
+    run = Run(out_dir, run_identity(model_cfg, s, seed, name, corpus, len(train_data),
+                                    len(val_data)),
+              Schedule(s.steps, s.warmup_steps, s.lr, s.min_lr_ratio),
+              Cadence(s.steps, s.checkpoint_every, checkpoint_last=True, eval_every=s.eval_every,
+                      log_every=s.log_every), s.batch_size * model_cfg.context)
+
+    def restore(ckpt: dict) -> None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["generator"])
-        start, elapsed = int(ckpt["step"]), float(ckpt["elapsed_s"])
-        trained_peak = Memory(**ckpt.get("peak_memory", {}))
-        log.info("resuming %s from step %d (%s)", name, start, out_dir)
-    truncate_metrics(out_dir, start)
-    metrics_path = out_dir / METRICS
 
-    log.info("training %s: %d params, %d steps -> %s", name, model.num_parameters(),
-             settings.steps, out_dir)
-    tokens_per_step = settings.batch_size * model_cfg.context
-    bar = tqdm(range(start, settings.steps), initial=start, total=settings.steps,
-               desc=f"train {name}", disable=not progress)
-    model.train()
-    for step in bar:
-        t0 = time.perf_counter()
-        lr = cosine_lr(step, settings.steps, settings.warmup_steps, settings.lr,
-                       settings.min_lr_ratio)
+    def step(i: int, lr: float) -> dict[str, float]:
+        """The step: the lr, a batch, forward, backward, clip, update."""
         for group in opt.param_groups:
             group["lr"] = lr
-        x, y = sample_batch(train_data, settings.batch_size, model_cfg.context, gen)
-        loss_value = train_step(forward, model, opt, x, y, settings.grad_clip)
-        dt = time.perf_counter() - t0
-        elapsed += dt
-        done = step + 1
-        if step % settings.log_every == 0 or done == settings.steps:
-            append_jsonl(metrics_path, {"step": step, "loss": loss_value, "lr": lr,
-                                        "step_time_s": dt})
-            bar.set_postfix(loss=f"{loss_value:.3f}")
-        if done % settings.eval_every == 0 and done != settings.steps:
-            model.eval()
-            bpb = bits_per_byte(evaluate_losses(model, val_data, model_cfg.context,
-                                                settings.eval_batch_size, settings.eval_batches))
-            model.train()
-            append_jsonl(metrics_path, {"step": step, "eval_bpb": bpb})
-        if (settings.checkpoint_every and done % settings.checkpoint_every == 0
-                or done == settings.steps):
-            checkpoint(out_dir, done, {"model": model.state_dict(),
-                                       "optimizer": opt.state_dict(),
-                                       "generator": gen.get_state(), "elapsed_s": elapsed,
-                                       "peak_memory": sampler.peak.peak(trained_peak).to_dict()},
-                       identity)
+        x, y = sample_batch(train_data, s.batch_size, model_cfg.context, gen)
+        loss = train_step(forward, model, opt, x, y, s.grad_clip)
+        bar.update()
+        bar.set_postfix(loss=f"{loss:.3f}")
+        return {"loss": loss}
 
-    model.eval()
-    losses = evaluate_losses(model, val_data, model_cfg.context, settings.eval_batch_size,
-                             settings.eval_batches)
-    final_bpb = bits_per_byte(losses)
-    # logged at step `steps` (after the last checkpoint): a resume from that checkpoint drops it
-    append_jsonl(metrics_path, {"step": settings.steps, "eval_bpb": final_bpb})
-    write_eval_losses(out_dir, losses, settings.eval_batch_size, model_cfg.context)
-    summary = write_summary(out_dir, RunSummary(
-        name=name, method=BaselineMethod.BACKPROP, corpus=corpus, seed=seed, steps=settings.steps,
-        tokens=settings.steps * tokens_per_step, final_bpb=final_bpb,
-        mean_step_time_s=elapsed / settings.steps,
-        tokens_per_s=settings.steps * tokens_per_step / max(elapsed, 1e-12),
-        train_time_s=elapsed, step_time_std_s=step_time_std(read_jsonl(metrics_path)),
-        **memory_fields(sampler.stop().peak(trained_peak)), n_params=model.num_parameters(),
-        processes=1, threads=settings.threads,
-        resumed_from_step=start, executor="backprop",
-        config={"model": model_cfg.to_dict(), "settings": settings.to_dict()}))
+    def evaluate() -> list[float]:
+        model.eval()
+        losses = evaluate_losses(model, val_data, model_cfg.context, s.eval_batch_size,
+                                 s.eval_batches)
+        model.train()
+        return losses
+
+    with run:
+        start = run.resume(restore)
+        if start:
+            log.info("resuming %s from step %d (%s)", name, start, out_dir)
+        log.info("training %s: %d params, %d steps -> %s", name, model.num_parameters(),
+                 s.steps, out_dir)
+        bar = tqdm(initial=start, total=s.steps, desc=f"train {name}", disable=not progress)
+        model.train()
+        run.train(step, lambda: {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                 "generator": gen.get_state()},
+                  lambda: bits_per_byte(evaluate()))
+        bar.close()
+        losses = evaluate()
+        model.eval()
+        final_bpb = bits_per_byte(losses)
+        # logged at step `steps` (after the last checkpoint): a resume from that checkpoint drops it
+        run.log({"step": s.steps, "eval_bpb": final_bpb})
+        summary = run.finish(run.summary({
+            "name": name, "method": BaselineMethod.BACKPROP, "corpus": corpus, "seed": seed,
+            "final_bpb": final_bpb, **memory_fields(run.peak()),
+            "n_params": model.num_parameters(), "processes": 1, "threads": s.threads,
+            "executor": "backprop",
+            "config": {"model": model_cfg.to_dict(), "settings": s.to_dict()}}),
+            losses, s.eval_batch_size, model_cfg.context)
     log.info("%s done: final %.4f bits/byte, %.0f tokens/s -> %s", name, final_bpb,
              summary["tokens_per_s"], out_dir)
     return summary

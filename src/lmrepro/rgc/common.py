@@ -10,7 +10,6 @@ from __future__ import annotations
 import io as _io
 import os
 import re
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,14 +21,12 @@ import torch
 
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
-from lmrepro.io import append_jsonl
+from lmrepro.harness import Cadence, Run, Schedule
 from lmrepro.lifetime import FAULT_ENV, armed_fault
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import flat_to_grads
 from lmrepro.optim.groups import weight_decay_groups
-from lmrepro.memory import Memory, memory_fields
-from lmrepro.results import (RunSummary, checkpoint, load_checkpoint, step_time_std,
-                             truncate_metrics, write_eval_losses, write_summary)
+from lmrepro.memory import Memory, MemorySampler, memory_fields
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.roles import RGCMethod
 
@@ -149,20 +146,14 @@ def run_identity(cfg: RGCConfig, executor: str, seed: int) -> dict:
     return d
 
 
-def save_state(out_dir: Path, identity: dict, step: int, model_state: dict[str, torch.Tensor],
-               optim_states: dict[str, dict], gen_state: torch.Tensor,
-               pending_consensus: list[torch.Tensor] | None = None) -> None:
-    """One checkpoint, the same for every executor: weights, optimizer states by name
+def checkpoint_state(model_state: dict[str, torch.Tensor], optim_states: dict[str, dict],
+                     gen_state: torch.Tensor, pending_consensus: list[torch.Tensor]
+                     ) -> dict[str, Any]:
+    """One checkpoint's state, the same for every executor: weights, optimizer states by name
     (``stage<k>``, ``decoder`` or ``all``), the batch generator and the consensus gradients not
     yet applied (``consensus_staleness`` > 0)."""
-    checkpoint(out_dir, step, {"model": model_state, "optims": optim_states,
-                               "gen_state": gen_state,
-                               "pending_consensus": list(pending_consensus or [])}, identity)
-
-
-def load_state(out_dir: Path | None, identity: dict) -> dict | None:
-    """The run's last checkpoint, or ``None``; refuses one written by another configuration."""
-    return None if out_dir is None else load_checkpoint(out_dir, identity)
+    return {"model": model_state, "optims": optim_states, "gen_state": gen_state,
+            "pending_consensus": list(pending_consensus)}
 
 
 def state_to_bytes(obj: Any) -> bytes:
@@ -190,6 +181,10 @@ class ConsensusQueue:
         self.params, self.staleness = params, staleness
         self._queue: deque[tuple[torch.Tensor, Callable[[], object] | None]] = deque(
             (t, None) for t in pending)
+
+    def restore(self, pending: Iterable[torch.Tensor]) -> None:
+        """Replace the queue with a checkpoint's pending gradients."""
+        self._queue = deque((t, None) for t in pending)
 
     def push(self, flat: torch.Tensor, finish: Callable[[], object] | None = None) -> None:
         self._queue.append((flat, finish))
@@ -220,15 +215,50 @@ class ConsensusQueue:
 
 # -- run records ---------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of :func:`lmrepro.rgc.train`: the executor, the seed, its names in the record,
+    its run directory (None: nothing written) and where to stop early (``stop_after``)."""
+
+    executor: str
+    seed: int = 0
+    corpus: str = "synthetic"
+    name: str | None = None
+    out_dir: Path | None = None
+    stop_after: int | None = None
+
+    @property
+    def method(self) -> RGCMethod:
+        return RGCMethod.BACKPROP if self.executor == "backprop" else RGCMethod.RGC
+
+    def end(self, cfg: RGCConfig, start: int) -> int:
+        """The step this invocation stops before."""
+        return cfg.steps if self.stop_after is None else max(start, min(cfg.steps,
+                                                                         self.stop_after))
+
+
+def cadence(cfg: RGCConfig) -> Cadence:
+    """Every step logged, a checkpoint every ``checkpoint_every`` steps and after the last (none
+    at 0), an evaluation every ``eval_every`` steps before the last."""
+    return Cadence(cfg.steps, cfg.checkpoint_every, checkpoint_last=bool(cfg.checkpoint_every),
+                   eval_every=cfg.eval_every)
+
+
+def harness(cfg: RGCConfig, spec: RunSpec, sampler: MemorySampler) -> Run:
+    """The run's harness (:func:`cadence`, the identity of :func:`run_identity`)."""
+    return Run(spec.out_dir, run_identity(cfg, spec.executor, spec.seed),
+               Schedule(cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio), cadence(cfg),
+               cfg.batch_size * cfg.context, sampler=sampler)
+
+
 @dataclass
 class TrainResult:
     """What :func:`lmrepro.rgc.train` returns.
 
-    ``tokens_per_s`` counts training tokens of this invocation over its training wall time
-    (start-up, checkpoint writes excluded where possible, final evaluation excluded);
-    ``peak_rss_bytes`` is the sampled peak RSS of the whole process tree (PSS and USS in the
-    summary); ``final_bpb`` the
-    last stage's readout in bits per byte on the fixed eval set; ``eval_losses`` per batch, nats.
+    ``tokens_per_s`` counts training tokens over the training clock (start-up, checkpoint writes
+    and evaluations excluded); ``peak_rss_bytes`` is the sampled peak RSS of the whole process
+    tree (PSS and USS in the summary); ``final_bpb`` the last stage's readout in bits per byte
+    on the fixed eval set (NaN for a run stopped early); ``eval_losses`` per batch, nats.
     """
 
     executor: str
@@ -242,66 +272,44 @@ class TrainResult:
     out_dir: Path | None = None
 
 
-class Recorder:
-    """Writes ``metrics.jsonl`` (truncated to the resumed step), ``eval_losses.json`` and
-    ``summary.json`` in the layout of :mod:`lmrepro.results`; keeps the records in memory too."""
-
-    def __init__(self, out_dir: Path | None, resume_step: int) -> None:
-        self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.records: list[dict] = []
-        if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            self.records = truncate_metrics(self.out_dir, resume_step)
-
-    def log(self, record: dict) -> None:
-        self.records.append(record)
-        if self.out_dir is not None:
-            append_jsonl(self.out_dir / "metrics.jsonl", record)
-
-    def finish(self, cfg: RGCConfig, summary: dict, eval_losses: list[float]) -> dict:
-        """Validate the summary as a :class:`RunSummary`; write it (with a run directory)."""
-        record = RunSummary.model_validate(summary).to_json()
-        if self.out_dir is not None:
-            write_eval_losses(self.out_dir, eval_losses, cfg.eval_batch_size, cfg.context)
-            write_summary(self.out_dir, record)
-        return record
+def finish(cfg: RGCConfig, spec: RunSpec, run: Run, model: ByteTransformer, val_data: np.ndarray,
+           end: int, worker_runtimes: Memory | None = None) -> TrainResult:
+    """The end of an invocation: ``model`` holds the final parameters. Stopped early
+    (``end`` < steps): the result without evaluation or summary. Otherwise the final
+    evaluation, ``eval_losses.json`` and ``summary.json``."""
+    final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if end < cfg.steps:
+        return TrainResult(spec.executor, run.tokens_per_s(), run.peak().rss, float("nan"), [],
+                           {}, run.records, final_state, spec.out_dir)
+    eval_losses = evaluate(model, val_data, cfg)
+    peak = run.peak()
+    summary = run.finish(run.summary(summary_fields(
+        cfg, spec, eval_losses, peak, model.num_parameters(), run.sampler.max_processes,
+        worker_runtimes)), eval_losses, cfg.eval_batch_size, cfg.context)
+    return TrainResult(spec.executor, summary["tokens_per_s"], peak.rss, summary["final_bpb"],
+                       eval_losses, summary, run.records, final_state, spec.out_dir)
 
 
-def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, seed: int,
-                 eval_losses: list[float], peak: Memory, n_params: int, records: list[dict],
-                 start_step: int, train_time_s: float, memory_processes: int = 1,
-                 worker_runtimes: Memory | None = None) -> dict:
-    """The run's :class:`RunSummary` fields. Throughput counts the steps this invocation trained
-    over its training time; a resume with nothing left to train reports the recorded step times
-    of the invocations that trained it (``metrics.jsonl``)."""
-    step_times = [r["step_time_s"] for r in records if "step_time_s" in r]
-    tokens_per_step = cfg.batch_size * cfg.context
-    trained = cfg.steps - start_step
-    if trained == 0 or train_time_s <= 0:
-        trained, train_time_s = len(step_times), float(sum(step_times))
-    method = RGCMethod.BACKPROP if executor == "backprop" else RGCMethod.RGC
-    is_async = executor == "async"
+def summary_fields(cfg: RGCConfig, spec: RunSpec, eval_losses: list[float], peak: Memory,
+                   n_params: int, memory_processes: int = 1,
+                   worker_runtimes: Memory | None = None) -> dict[str, Any]:
+    """The run's :class:`RunSummary` fields the harness does not fill in (timing, tokens and
+    resume are its own)."""
+    is_async, is_rgc = spec.executor == "async", spec.method == RGCMethod.RGC
+    threads = cfg.async_threads if is_async else cfg.single_process_threads
     return {
-        "name": name or (f"rgc-{executor}" if method == RGCMethod.RGC else "backprop"),
-        "method": method, "executor": executor, "corpus": corpus, "seed": seed,
-        "steps": cfg.steps, "tokens": cfg.steps * tokens_per_step,
-        "final_bpb": bits_per_byte(eval_losses),
-        "tokens_per_s": trained * tokens_per_step / train_time_s if train_time_s > 0 else 0.0,
-        "mean_step_time_s": float(np.mean(step_times)) if step_times else 0.0,
-        "train_time_s": train_time_s, "step_time_std_s": step_time_std(records),
+        "name": spec.name or (f"rgc-{spec.executor}" if is_rgc else "backprop"),
+        "method": spec.method, "executor": spec.executor, "corpus": spec.corpus,
+        "seed": spec.seed, "final_bpb": bits_per_byte(eval_losses),
         **memory_fields(peak), "n_params": n_params,
-        "processes": cfg.n_workers if is_async else 1,
-        "threads": cfg.async_threads if is_async else cfg.single_process_threads,
-        "resumed_from_step": start_step,
+        "processes": cfg.n_workers if is_async else 1, "threads": threads,
         "details": {"threads_per_process": list(cfg.worker_threads) if is_async
                     else [cfg.single_process_threads],
                     "placement": cfg.placement if is_async else [list(range(cfg.n_stages))],
-                    "horizon": cfg.horizon if method == RGCMethod.RGC else None,
-                    "consensus_staleness": cfg.consensus_staleness if method == RGCMethod.RGC
-                    else None,
+                    "horizon": cfg.horizon if is_rgc else None,
+                    "consensus_staleness": cfg.consensus_staleness if is_rgc else None,
                     "cores_declared": cfg.cores, "machine_cores": os.cpu_count(),
-                    "oversubscribed": (cfg.async_threads if is_async
-                                       else cfg.single_process_threads) > (os.cpu_count() or 1),
+                    "oversubscribed": threads > (os.cpu_count() or 1),
                     "memory_processes": memory_processes,
                     # async: what the tree grew by when the workers had started, before any
                     # model or data existed in them (their torch runtimes, gloo included)
@@ -309,19 +317,3 @@ def make_summary(cfg: RGCConfig, executor: str, name: str | None, corpus: str, s
                     if worker_runtimes is not None else None},
         "config": cfg.to_dict(),
     }
-
-
-class Clock:
-    """Wall time of the training loop, excluding explicitly paused spans (checkpoints, evals)."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self._t: float | None = None
-
-    def start(self) -> None:
-        self._t = time.perf_counter()
-
-    def pause(self) -> None:
-        if self._t is not None:
-            self.total += time.perf_counter() - self._t
-            self._t = None

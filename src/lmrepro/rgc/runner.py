@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from lmrepro.errors import check
-from lmrepro.rgc.common import TrainResult, check_data, check_fault_point, synthetic_corpus
+from lmrepro.rgc.common import (RunSpec, TrainResult, check_data, check_fault_point,
+                                synthetic_corpus)
 from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
 
 
@@ -50,10 +51,10 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
     check_data("train_data", train_data, config.context)
     check_data("val_data", val_data, config.context)
     check_threads(config, executor)
-    out = Path(out_dir) if out_dir is not None else None
+    spec = RunSpec(executor, seed, corpus, name, Path(out_dir) if out_dir is not None else None,
+                   stop_after)
     if executor == "async":
         from lmrepro.rgc.async_ import train_async
-        return train_async(config, train_data, val_data, out, corpus, name, stop_after, seed)
+        return train_async(config, spec, train_data, val_data)
     from lmrepro.rgc.sync import train_single_process
-    return train_single_process(config, executor, train_data, val_data, out, corpus, name,
-                                stop_after, seed)
+    return train_single_process(config, spec, train_data, val_data)

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from lmrepro.data.stage import data_identity, load_splits
-from lmrepro.results import (SUMMARY, holds_writer_lock, prepare_runs_dir, read_run, seed_dir,
+from lmrepro.runlock import holds_writer_lock
+from lmrepro.results import (SUMMARY, prepare_runs_dir, read_run, seed_dir,
                              write_stage_products)
 from lmrepro.rgc.common import check_data
 from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor

@@ -36,7 +36,8 @@ from typing import Any
 from lmrepro.data.stage import data_identity
 from lmrepro.io import atomic_write_json, read_json
 from lmrepro.model import ModelConfig
-from lmrepro.results import (SUMMARY, holds_writer_lock, prepare_runs_dir, read_summary,
+from lmrepro.runlock import holds_writer_lock
+from lmrepro.results import (SUMMARY, prepare_runs_dir, read_summary,
                              seed_dir)
 from lmrepro.scape.config import (ScalingAblation, ScalingStudy, ScapeConfig, ScapeRun,
                                   ScapeSuite)

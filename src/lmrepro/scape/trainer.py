@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,15 +39,14 @@ from lmrepro.data.prepare import load_split
 from lmrepro.distributed import (DistContext, DistributedFailure, collective_guard, init_from_env,
                                  report_failure, shutdown)
 from lmrepro.errors import ParameterError
-from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
-from lmrepro.io import append_jsonl, atomic_torch_save, read_jsonl
+from lmrepro.evaluation import bits_per_byte, evaluate_losses
+from lmrepro.harness import Cadence, Diverged, Place, Run, Schedule, StepFn
+from lmrepro.io import atomic_torch_save
 from lmrepro.lifetime import fault_armed, fault_point
 from lmrepro.memory import Memory, MemorySampler, memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import SCAPE, AdamS, DenseDP, NonFiniteGradientError, TopKEF, weight_decay_groups
-from lmrepro.results import (METRICS, SUMMARY, RunSummary, load_checkpoint, mean_bytes,
-                             publish_checkpoint, save_checkpoint, step_time_std,
-                             truncate_metrics, write_eval_losses, write_summary, writer_lock)
+from lmrepro.results import SUMMARY, load_checkpoint, mean_bytes
 from lmrepro.scape.config import RESUME_FREE, ScapeConfig, ScapeRun
 
 FINAL_MODEL = "model_final.pt"
@@ -150,53 +148,15 @@ def run_identity(cfg: ScapeConfig, run: ScapeRun, model: ModelConfig, target: Ru
             "world_size": world_size}
 
 
-def _save(ctx: DistContext, out: Path, step: int, model: torch.nn.Module, opt: Any,
-          gen: torch.Generator, identity: dict[str, Any]) -> None:
-    """Every rank writes its state, barrier, then rank 0 publishes the checkpoint."""
-    state: dict[str, Any] = {"optimizer": opt.state_dict(), "generator": gen.get_state()}
-    if ctx.is_main:
-        state["model"] = model.state_dict()
-    save_checkpoint(out, step, state, rank=ctx.rank)
-    if ctx.initialized:
-        with collective_guard(ctx, f"checkpoint barrier at step {step}"):
-            dist.barrier()
-    if ctx.is_main:
-        publish_checkpoint(out, step, identity, world_size=ctx.world_size)
-
-
-def _resume(ctx: DistContext, out: Path, model: torch.nn.Module, opt: Any,
-            gen: torch.Generator, identity: dict[str, Any]) -> int:
-    """Load the last complete checkpoint into this rank; return its step (0 if none)."""
-    mine = load_checkpoint(out, identity, rank=ctx.rank, world_size=ctx.world_size)
-    if mine is None:
-        return 0
-    model_state = mine["model"] if ctx.is_main else load_checkpoint(out, identity, 0,
-                                                                    ctx.world_size)["model"]
-    with torch.no_grad():
-        model.load_state_dict(model_state)
-    opt.load_state_dict(mine["optimizer"])
-    gen.set_state(mine["generator"])
-    return int(mine["step"])
-
-
 # ---------------------------------------------------------------------------------------------
 # the loop
 # ---------------------------------------------------------------------------------------------
-def _record_divergence(ctx: DistContext, out: Path, run: ScapeRun, step: int, dt: float,
-                       why: str) -> None:
-    """Rank 0 logs the step that diverged (its time; no loss) and says so."""
-    if ctx.is_main:
-        append_jsonl(out / METRICS, {"step": step, "step_time_s": dt, "diverged": why})
-        print(f"{run.run_name}: diverged at step {step}: {why}", flush=True)
-
-
 def train(cfg: ScapeConfig, run: ScapeRun, model_cfg: ModelConfig, target: RunTarget) -> Path:
     """Run (or resume, or skip if finished) one distributed training run; returns the run dir."""
     check_prepared(target.corpus_dir)      # before the lock creates the run directory
     ctx = init_from_env(cfg.timeout_s, cfg.device)
     try:
-        with writer_lock(target.out, enabled=ctx.is_main):   # one writer: rank 0 holds it
-            return _train(cfg, run, model_cfg, target, ctx)
+        return _train(cfg, run, model_cfg, target, ctx)
     except DistributedFailure as exc:
         report_failure(ctx, exc)
         raise
@@ -204,156 +164,188 @@ def train(cfg: ScapeConfig, run: ScapeRun, model_cfg: ModelConfig, target: RunTa
         shutdown(ctx)
 
 
+def _harness(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget,
+             ctx: DistContext) -> Run:
+    """The run's harness: checkpoints every ``checkpoint_every`` steps before the last, every
+    step logged, no evaluation before the final one; one writer (rank 0)."""
+
+    def barrier(what: str) -> None:
+        if ctx.initialized:
+            with collective_guard(ctx, what):
+                dist.barrier()
+
+    return Run(target.out, run_identity(cfg, run, mcfg, target, ctx.world_size),
+               Schedule(cfg.steps, cfg.warmup_steps, run.lr_or(cfg.lr), cfg.min_lr_ratio),
+               Cadence(cfg.steps, cfg.checkpoint_every),
+               cfg.batch_size * mcfg.context * ctx.world_size,
+               sampler=MemorySampler(children=False),     # this worker; rank 0 adds them up
+               place=Place(ctx.rank, ctx.world_size, barrier))
+
+
 def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget,
            ctx: DistContext) -> Path:
     torch.set_num_threads(cfg.threads)
-    sampler = MemorySampler(children=False).start()    # this worker; rank 0 adds them up
     out = Path(target.out)
-    if (out / SUMMARY).exists():
-        if ctx.is_main:
-            print(f"{out / SUMMARY} exists: run already finished, nothing to do", flush=True)
-        return out
-    train_data = load_split_data(target.corpus_dir, "train")
-    torch.manual_seed(target.seed)
-    model = ByteTransformer(mcfg).to(ctx.device)
-    with collective_guard(ctx, "optimizer set-up"):
-        opt = build_optimizer(cfg, run, model)
-    gen = torch.Generator().manual_seed(target.seed * 1_000_003 + 7919 * ctx.rank + 1)
+    with _harness(cfg, run, mcfg, target, ctx) as harness:
+        if harness.finished():
+            if ctx.is_main:
+                print(f"{out / SUMMARY} exists: run already finished, nothing to do", flush=True)
+            return out
+        train_data = load_split_data(target.corpus_dir, "train")
+        torch.manual_seed(target.seed)
+        model = ByteTransformer(mcfg).to(ctx.device)
+        with collective_guard(ctx, "optimizer set-up"):
+            opt = build_optimizer(cfg, run, model)
+        gen = torch.Generator().manual_seed(target.seed * 1_000_003 + 7919 * ctx.rank + 1)
 
-    identity = run_identity(cfg, run, mcfg, target, ctx.world_size)
-    if not target.resume and (out / "checkpoints").exists():
-        raise ParameterError("resume", False, f"{out} holds a checkpoint: pass --resume or "
-                             "choose a fresh --out")
-    start = _resume(ctx, out, model, opt, gen, identity) if target.resume else 0
-    if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        truncate_metrics(out, start)
-        if start:
+        def restore(mine: dict[str, Any]) -> None:
+            main = mine if ctx.is_main else load_checkpoint(out, harness.identity, 0,
+                                                            ctx.world_size)
+            assert main is not None      # rank 0's part of the checkpoint this rank resumes
+            model_state = main["model"]
+            with torch.no_grad():
+                model.load_state_dict(model_state)
+            opt.load_state_dict(mine["optimizer"])
+            gen.set_state(mine["generator"])
+
+        def state() -> dict[str, Any]:
+            return {"optimizer": opt.state_dict(), "generator": gen.get_state(),
+                    **({"model": model.state_dict()} if ctx.is_main else {})}
+
+        if not target.resume and (out / "checkpoints").exists():
+            raise ParameterError("resume", False, f"{out} holds a checkpoint: pass --resume or "
+                                 "choose a fresh --out")
+        start = harness.resume(restore)
+        if ctx.is_main and start:
             print(f"resuming {out} at step {start}", flush=True)
-    if ctx.initialized:
-        with collective_guard(ctx, "start barrier"):
-            dist.barrier()
+        assert harness.place.barrier is not None
+        harness.place.barrier("start barrier")
+        model.train()
+        diverged = harness.train(_step_fn(cfg, mcfg, ctx, model, opt, gen, train_data), state)
+        if diverged is not None and ctx.is_main:
+            print(f"{run.run_name}: diverged at step {diverged}: "
+                  f"{harness.records[-1]['diverged']}", flush=True)
+        per_rank = _gather_peaks(ctx, harness.peak())
+        if ctx.is_main:
+            _finish(cfg, run, mcfg, target, ctx, harness, model, per_rank, diverged)
+    return out
 
-    group = opt.param_groups
-    peak_lr = run.lr_or(cfg.lr)
-    diverged: int | None = None
-    model.train()
-    for step in range(start, cfg.steps):
-        fault_point(f"scape-step@{step}:rank{ctx.rank}")   # test hook: kill -9 of a worker
-        lr = cosine_lr(step, cfg.steps, cfg.warmup_steps, peak_lr, cfg.min_lr_ratio)
-        for g in group:
+
+def _step_fn(cfg: ScapeConfig, mcfg: ModelConfig, ctx: DistContext, model: torch.nn.Module,
+             opt: Any, gen: torch.Generator, train_data: np.ndarray) -> StepFn:
+    """This rank's step: its batch, forward, backward, then the optimizer's step, which
+    communicates the gradient; the loss averaged over ranks. A non-finite loss or gradient is
+    the same on every rank (all-reduced): :class:`Diverged` everywhere, nothing updated."""
+
+    def step(i: int, lr: float) -> dict[str, Any]:
+        fault_point(f"scape-step@{i}:rank{ctx.rank}")   # test hook: kill -9 of a worker
+        for g in opt.param_groups:
             g["lr"] = lr
-        t0 = time.perf_counter()
         x, y = sample_batch(train_data, cfg.batch_size, mcfg.context, gen)
         x, y = x.to(ctx.device), y.to(ctx.device)
         loss = lm_loss(model(x), y)
-        if fault_armed(f"scape-nan-loss@{step}:rank{ctx.rank}"):
+        if fault_armed(f"scape-nan-loss@{i}:rank{ctx.rank}"):
             loss = loss * float("nan")                  # test hook: a diverging rank
         opt.zero_grad(set_to_none=True)
         loss.backward()
         try:
-            with collective_guard(ctx, f"optimizer step {step}"):
+            with collective_guard(ctx, f"optimizer step {i}"):
                 opt.step()
         except NonFiniteGradientError as err:   # raised on every rank at once, nothing updated
-            diverged = step
-            _record_divergence(ctx, out, run, step, time.perf_counter() - t0, str(err))
-            break
+            raise Diverged(str(err)) from None
         loss_t = loss.detach().reshape(1).to(torch.float64)
         if ctx.initialized:
-            with collective_guard(ctx, f"loss all-reduce at step {step}"):
+            with collective_guard(ctx, f"loss all-reduce at step {i}"):
                 dist.all_reduce(loss_t)
             loss_t /= ctx.world_size
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
-        dt = time.perf_counter() - t0
         mean_loss = float(loss_t.item())
-        if not math.isfinite(mean_loss):               # the same on every rank (all-reduced)
-            diverged = step
-            _record_divergence(ctx, out, run, step, dt, f"mean loss {mean_loss}")
-            break
-        if ctx.is_main:
-            append_jsonl(out / METRICS, {"step": step, "loss": mean_loss, "lr": lr,
-                                         "step_time_s": dt, **step_record(opt)})
-        done = step + 1
-        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            _save(ctx, out, done, model, opt, gen, identity)
+        if not math.isfinite(mean_loss):
+            raise Diverged(f"mean loss {mean_loss}")
+        return {"loss": mean_loss, **step_record(opt)}
 
-    peak = sampler.stop()
+    return step
+
+
+def _gather_peaks(ctx: DistContext, peak: Memory) -> list[Memory]:
+    """Every rank's peak memory (on rank 0; the last collective of the run)."""
     mine = torch.tensor([peak.rss, peak.pss, peak.uss], dtype=torch.int64, device=ctx.device)
-    if ctx.initialized:     # tensors on the device: NCCL cannot gather CPU tensors
-        gathered = [torch.zeros(3, dtype=torch.int64, device=ctx.device)
-                    for _ in range(ctx.world_size)]
-        with collective_guard(ctx, "final peak-memory gather"):
-            dist.all_gather(gathered, mine)
-    else:
-        gathered = [mine]
-    per_rank = [Memory(*(int(v) for v in t.tolist())) for t in gathered]
-    if ctx.is_main:
-        _finish(cfg, run, mcfg, target, ctx, out, model, per_rank, start, diverged)
-    return out
+    if not ctx.initialized:
+        return [peak]
+    gathered = [torch.zeros(3, dtype=torch.int64, device=ctx.device)    # NCCL: device tensors
+                for _ in range(ctx.world_size)]
+    with collective_guard(ctx, "final peak-memory gather"):
+        dist.all_gather(gathered, mine)
+    return [Memory(*(int(v) for v in t.tolist())) for t in gathered]
+
+
+def _evaluate(cfg: ScapeConfig, mcfg: ModelConfig, target: RunTarget, ctx: DistContext,
+              model: torch.nn.Module, split: str) -> list[float]:
+    """The final model's per-batch losses on a split of the prepared corpus."""
+    model.eval()
+    dev = ctx.device
+
+    def logits_fn(x: torch.Tensor) -> torch.Tensor:
+        return model(x.to(dev)).float().cpu()
+
+    return evaluate_losses(logits_fn, load_split_data(target.corpus_dir, split), mcfg.context,
+                           cfg.eval_batch_size, cfg.eval_batches)
+
+
+def _details(cfg: ScapeConfig, run: ScapeRun, ctx: DistContext, records: list[dict],
+             per_rank: list[Memory], test_bpb: float | None) -> dict[str, Any]:
+    """The summary's SCAPE-suite details (the sparse methods' coverage, residual, density)."""
+    sparse = [r for r in records if "coverage" in r]
+    return {"peak_rss_bytes_per_rank": [m.rss for m in per_rank],
+            "device": str(ctx.device), "backend": ctx.backend,
+            "batch_size_per_worker": cfg.batch_size, "lr": run.lr_or(cfg.lr),
+            "mask_rule": run.mask_rule if run.optimizer == "scape" else None,
+            "decay_scope": run.decay_scope if run.optimizer == "scape" else None,
+            "final_test_bpb": test_bpb,
+            "topk_inner": run.topk_inner if run.optimizer == "topk" else None,
+            "final_coverage": sparse[-1]["coverage"] if sparse else None,
+            "final_coverage_at_target": (sparse[-1].get("coverage_at_target")
+                                         if sparse else None),
+            "max_residual_norm": max((r["residual_norm"] for r in sparse), default=None),
+            "mean_density": (float(np.mean([r["density"] for r in sparse]))
+                             if sparse else None)}
 
 
 def _finish(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget,
-            ctx: DistContext, out: Path, model: torch.nn.Module, per_rank: list[Memory],
-            start: int, diverged: int | None) -> None:
+            ctx: DistContext, harness: Run, model: torch.nn.Module, per_rank: list[Memory],
+            diverged: int | None) -> None:
     """Rank 0 only, after the last collective: evaluation and the summary. A diverged run is not
     evaluated (no final model): its summary says where it stopped and has no ``final_bpb``."""
-    records = [r for r in read_jsonl(out / METRICS) if "eval_bpb" not in r]
-    trained = cfg.steps if diverged is None else diverged + 1     # steps computed
-    bpb: float | None = None
-    test_bpb: float | None = None
+    out = Path(target.out)
+    records = list(harness.records)
+    bpb = test_bpb = None
+    losses = test_losses = None
     if diverged is None:
-        val = load_split_data(target.corpus_dir, "val")
-        model.eval()
-        dev = ctx.device
-
-        def logits_fn(x: torch.Tensor) -> torch.Tensor:
-            return model(x.to(dev)).float().cpu()
-
-        losses = evaluate_losses(logits_fn, val, mcfg.context, cfg.eval_batch_size,
-                                 cfg.eval_batches)
+        losses = _evaluate(cfg, mcfg, target, ctx, model, "val")
         bpb = bits_per_byte(losses)
-        write_eval_losses(out, losses, cfg.eval_batch_size, mcfg.context)
         # the held-out test split: what a verdict tuned on the validation split is judged on
-        test_losses = evaluate_losses(logits_fn, load_split_data(target.corpus_dir, "test"),
-                                      mcfg.context, cfg.eval_batch_size, cfg.eval_batches)
+        test_losses = _evaluate(cfg, mcfg, target, ctx, model, "test")
         test_bpb = bits_per_byte(test_losses)
-        write_eval_losses(out, test_losses, cfg.eval_batch_size, mcfg.context, split="test")
         atomic_torch_save({"step": cfg.steps, "model": model.state_dict()}, out / FINAL_MODEL)
-        append_jsonl(out / METRICS, {"step": cfg.steps, "eval_bpb": bpb})
-    times = [r["step_time_s"] for r in records]
+        harness.log({"step": cfg.steps, "eval_bpb": bpb})
     steady = [r for r in records if r["step"] >= 1] or records
-    tokens = trained * cfg.batch_size * mcfg.context * ctx.world_size
-    sparse = [r for r in records if "coverage" in r]
-    write_summary(out, RunSummary(
-        name=run.run_name, method=run.method,
-        corpus=target.corpus or Path(target.corpus_dir).name, seed=target.seed,
-        steps=cfg.steps, tokens=tokens, final_bpb=bpb, diverged_at_step=diverged,
-        tokens_per_s=tokens / max(sum(times), 1e-12),
-        mean_step_time_s=float(np.mean(times)), train_time_s=float(sum(times)),
-        step_time_std_s=step_time_std(records),
+    summary = harness.finish(harness.summary({
+        "name": run.run_name, "method": run.method,
+        "corpus": target.corpus or Path(target.corpus_dir).name, "seed": target.seed,
+        "final_bpb": bpb, "diverged_at_step": diverged,
         **memory_fields(None, processes_peaks=per_rank),
-        n_params=sum(p.numel() for p in model.parameters()), processes=ctx.world_size,
-        threads=ctx.world_size * cfg.threads, resumed_from_step=start, sparsity=run.sparsity,
-        bytes_per_step=mean_bytes(records), bytes_per_step_after_step0=mean_bytes(steady),
-        details={"peak_rss_bytes_per_rank": [m.rss for m in per_rank],
-                 "device": str(ctx.device), "backend": ctx.backend,
-                 "batch_size_per_worker": cfg.batch_size, "lr": run.lr_or(cfg.lr),
-                 "mask_rule": run.mask_rule if run.optimizer == "scape" else None,
-                 "decay_scope": run.decay_scope if run.optimizer == "scape" else None,
-                 "final_test_bpb": test_bpb,
-                 "topk_inner": run.topk_inner if run.optimizer == "topk" else None,
-                 "final_coverage": sparse[-1]["coverage"] if sparse else None,
-                 "final_coverage_at_target": (sparse[-1].get("coverage_at_target")
-                                              if sparse else None),
-                 "max_residual_norm": max((r["residual_norm"] for r in sparse), default=None),
-                 "mean_density": (float(np.mean([r["density"] for r in sparse]))
-                                  if sparse else None)},
-        config={"settings": cfg.to_dict(), "run": run.to_dict(), "model": mcfg.to_dict()}))
+        "n_params": sum(p.numel() for p in model.parameters()), "processes": ctx.world_size,
+        "threads": ctx.world_size * cfg.threads, "sparsity": run.sparsity,
+        "bytes_per_step": mean_bytes(records), "bytes_per_step_after_step0": mean_bytes(steady),
+        "details": _details(cfg, run, ctx, records, per_rank, test_bpb),
+        "config": {"settings": cfg.to_dict(), "run": run.to_dict(), "model": mcfg.to_dict()}},
+        trained=cfg.steps if diverged is None else diverged + 1),
+        losses, cfg.eval_batch_size, mcfg.context, test_losses)
     if bpb is None:
         print(f"{run.run_name}: DIVERGED at step {diverged} (lr {run.lr_or(cfg.lr):g}); recorded "
               f"in {out / SUMMARY}", file=sys.stdout, flush=True)
         return
     print(f"{run.run_name}: {bpb:.4f} bits/byte after {cfg.steps} steps "
-          f"({tokens / max(sum(times), 1e-12):.0f} tokens/s, world {ctx.world_size})",
+          f"({summary['tokens_per_s']:.0f} tokens/s, world {ctx.world_size})",
           file=sys.stdout, flush=True)
