@@ -87,7 +87,7 @@ def test_dvc_repro_runs_the_pipeline_and_a_second_repro_does_nothing(tmp_path):
         drawn = [c for c in figures if any("image/png" in o.get("data", {}) for o in c["outputs"])]
         for cell in figures:
             if cell not in drawn:
-                said = "".join(o.get("text", "") for o in cell["outputs"])
+                said = "".join("".join(o.get("text", "")) for o in cell["outputs"])
                 assert "in this profile" in said, (nb.name, "".join(cell["source"]))
         page = html.read_text()
         assert page.count('src="data:image/png;base64,') >= len(drawn), nb.name
