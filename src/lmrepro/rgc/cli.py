@@ -83,12 +83,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_scaling(args: argparse.Namespace) -> int:
+    from lmrepro.errors import check
+    from lmrepro.pipeline.params import load_params
+    from lmrepro.rgc.scaling import run_study
+
+    params = load_params(args.params, args.profile)
+    check(params.rgc.scaling is not None, "rgc.scaling", None,
+          f"must be set in the profile to run the study (profile {params.profile!r} has none; "
+          "try --profile rgc_scaling)")
+    dirs = run_study(params.rgc, params.data.prepared_dir, args.out)
+    print(f"RGC training-length study: {len(dirs)} runs finished under {args.out}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``train-rgc`` to the project's CLI (called by :mod:`lmrepro.cli`)."""
+    """Add ``train-rgc`` and ``rgc-scaling`` to the project's CLI (called by
+    :mod:`lmrepro.cli`)."""
     p = subparsers.add_parser("train-rgc", help="RGC (sync/async) or global-backprop run",
                               description=__doc__.split("\n\n")[0])
     add_arguments(p)
     p.set_defaults(func=run)
+    p = subparsers.add_parser("rgc-scaling", help="run or resume the training-length study of "
+                              "rgc.scaling (lmrepro.rgc.scaling)")
+    p.add_argument("--params", default="params.yaml", help="parameter file")
+    p.add_argument("--profile", default=None, help="profile in params.yaml (e.g. rgc_scaling)")
+    p.add_argument("--out", default="results/rgc_scaling", help="the study's stage directory")
+    p.set_defaults(func=run_scaling)
 
 
 def main(argv: list[str] | None = None) -> int:

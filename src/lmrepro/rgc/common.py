@@ -226,6 +226,9 @@ class RunSpec:
     name: str | None = None
     out_dir: Path | None = None
     stop_after: int | None = None
+    #: the test split, scored once at the end beside the validation split (None: not scored);
+    #: the length study tunes on the validation split and judges on this one
+    test_data: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def method(self) -> RGCMethod:
@@ -282,10 +285,14 @@ def finish(cfg: RGCConfig, spec: RunSpec, run: Run, model: ByteTransformer, val_
         return TrainResult(spec.executor, run.tokens_per_s(), run.peak().rss, float("nan"), [],
                            {}, run.records, final_state, spec.out_dir)
     eval_losses = evaluate(model, val_data, cfg)
+    test_losses = None if spec.test_data is None else evaluate(model, spec.test_data, cfg)
     peak = run.peak()
-    summary = run.finish(run.summary(summary_fields(
-        cfg, spec, eval_losses, peak, model.num_parameters(), run.sampler.max_processes,
-        worker_runtimes)), eval_losses, cfg.eval_batch_size, cfg.context)
+    fields = summary_fields(cfg, spec, eval_losses, peak, model.num_parameters(),
+                            run.sampler.max_processes, worker_runtimes)
+    fields["details"]["final_test_bpb"] = (None if test_losses is None
+                                           else bits_per_byte(test_losses))
+    summary = run.finish(run.summary(fields), eval_losses, cfg.eval_batch_size, cfg.context,
+                         test_losses)
     return TrainResult(spec.executor, summary["tokens_per_s"], peak.rss, summary["final_bpb"],
                        eval_losses, summary, run.records, final_state, spec.out_dir)
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from lmrepro.config import field_error
+from lmrepro.config import Section, field_error
 from lmrepro.errors import check
 from lmrepro.evaluation import TrainingConfig
 from lmrepro.model import ModelConfig
@@ -161,12 +161,112 @@ class RGCConfig(TrainingConfig):
         return self.batch_size // self.micro_batches
 
 
+# -- the training-length study (lmrepro.rgc.scaling) ------------------------------------------
+
+class RGCShape(Section):
+    """One model size of the study: the blocks, the width and the heads (the rest is the ``rgc``
+    section's)."""
+
+    key: ClassVar[str] = "rgc.scaling.sizes.*"
+
+    n_layers: int = Field(ge=1, description="transformer blocks L (a multiple of n_stages)")
+    d_model: int = Field(ge=8)
+    n_heads: int = Field(ge=1)
+
+
+class RGCStudyRun(Section):
+    """One method of the study: an executor, its consensus staleness and its lr."""
+
+    key: ClassVar[str] = "rgc.scaling.runs[]"
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    executor: Literal["sync", "async", "backprop"] = Field(description="sync computes what "
+                                                            "async does; quality runs use it")
+    consensus_staleness: int = Field(default=0, ge=0)
+    lr: float = Field(gt=0.0)
+
+
+class RGCScaling(Section):
+    """The ``rgc.scaling`` section (see the module docstring)."""
+
+    key: ClassVar[str] = "rgc.scaling"
+
+    sizes: dict[str, RGCShape] = Field(min_length=1, description="model sizes by name")
+    lengths: dict[str, list[int]] = Field(description="training lengths (optimizer steps) per "
+                                          "size, increasing")
+    runs: list[RGCStudyRun] = Field(min_length=2, description="the methods (each at its lr)")
+    baseline: str = Field(default="backprop", description="the run every other is judged "
+                          "against")
+    seeds: dict[str, list[int]] = Field(description="seeds of every point, per size")
+    verdict_size: str = Field(description="the size whose longest length takes the verdict")
+    verdict_seeds: list[int] = Field(min_length=1, description="seeds of the verdict point")
+    warmup_fraction: float = Field(default=0.05, ge=0.0, lt=1.0, description="lr warm-up as a "
+                                   "fraction of the run")
+    sweep_factors: list[float] = Field(default_factory=list, description="lr sweep at the "
+                                       "verdict point: these multiples of each run's lr (empty: "
+                                       "no sweep)")
+    sweep_seed: int = Field(default=1000, ge=0, description="the sweep's seed (not a study seed)")
+    parallel: int = Field(default=2, ge=1, description="runs trained at once")
+    threads_per_run: int = Field(default=1, ge=1, description="intra-op threads of each run")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RGCScaling:
+        for where in ("lengths", "seeds"):
+            keys = set(getattr(self, where))
+            if keys != set(self.sizes):
+                raise field_error(where, sorted(keys), f"must name exactly the sizes "
+                                  f"{sorted(self.sizes)}")
+        for size, lengths in self.lengths.items():
+            if not lengths or sorted(set(lengths)) != lengths or lengths[0] < 1:
+                raise field_error(f"lengths.{size}", lengths, "must be distinct step counts "
+                                  ">= 1, increasing")
+        if self.verdict_size not in self.sizes:
+            raise field_error("verdict_size", self.verdict_size,
+                              f"must be one of {sorted(self.sizes)}")
+        names = [r.name for r in self.runs]
+        if len(set(names)) != len(names):
+            raise field_error("runs", names, "must have distinct names")
+        if self.baseline not in names:
+            raise field_error("baseline", self.baseline, f"must be one of the runs {names}")
+        if any(f <= 0 for f in self.sweep_factors) or \
+                sorted(set(self.sweep_factors)) != self.sweep_factors:
+            raise field_error("sweep_factors", self.sweep_factors,
+                              "must be distinct positive factors, increasing")
+        if self.sweep_factors and len(self.sweep_factors) < 3:
+            raise field_error("sweep_factors", self.sweep_factors, "must hold >= 3 values")
+        used = {x for seeds in self.seeds.values() for x in seeds} | set(self.verdict_seeds)
+        if self.sweep_seed in used:
+            raise field_error("sweep_seed", self.sweep_seed, "must not be a study seed")
+        return self
+
+    @property
+    def verdict_steps(self) -> int:
+        return self.lengths[self.verdict_size][-1]
+
+
 class RGCSuite(RGCConfig):
     """The ``rgc:`` section: the run settings, the corpora and the executors to run on each."""
 
     corpora: list[str] = Field(min_length=1, description="prepared corpora, one suite each")
     executors: list[Literal["async", "sync", "backprop"]] = Field(
         min_length=1, description="async RGC, sync RGC and/or global backprop")
+    scaling: RGCScaling | None = Field(default=None, description="the training-length study "
+                                       "(lmrepro.rgc.scaling; null: none in this profile)")
+
+    @model_validator(mode="after")
+    def _study_shapes(self) -> RGCSuite:
+        """Every size of the study is a valid model with this section's stage cut."""
+        if self.scaling is not None:
+            for name, shape in self.scaling.sizes.items():
+                try:
+                    RGCConfig(**{k: getattr(self, k) for k in RGCConfig.model_fields
+                                 if k not in ("backprop_threads",)} | shape.to_dict())
+                except ValueError as err:
+                    raise field_error(f"scaling.sizes.{name}", shape.to_dict(),
+                                      f"must make a valid model with n_stages = "
+                                      f"{self.n_stages}: {str(err).splitlines()[-1].strip()}"
+                                      ) from None
+        return self
 
     @model_validator(mode="after")
     def _fits_this_machine(self) -> RGCSuite:

@@ -15,7 +15,7 @@ from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
 def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | None = None,
           val_data: np.ndarray | None = None, out_dir: str | Path | None = None,
           corpus: str = "synthetic", name: str | None = None, stop_after: int | None = None,
-          seed: int = 0) -> TrainResult:
+          seed: int = 0, test_data: np.ndarray | None = None) -> TrainResult:
     """Train with RGC (``"sync"``, ``"async"``) or the global-backprop baseline (``"backprop"``).
 
     Args:
@@ -32,6 +32,8 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
         stop_after: stop after this many steps (as if killed), leaving the checkpoint; no
             evaluation, no summary. For tests and time-boxed runs.
         seed: initialisation and batch order (the same for every executor).
+        test_data: the test split (1-D uint8), scored at the end beside the validation split
+            (``test_eval_losses.json``, ``details.final_test_bpb``); None: not scored.
 
     Returns:
         :class:`TrainResult` with ``tokens_per_s``, ``peak_rss_bytes``, ``final_bpb``,
@@ -50,9 +52,11 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
         val_data = text[split:] if val_data is None else val_data
     check_data("train_data", train_data, config.context)
     check_data("val_data", val_data, config.context)
+    if test_data is not None:
+        check_data("test_data", test_data, config.context)
     check_threads(config, executor)
     spec = RunSpec(executor, seed, corpus, name, Path(out_dir) if out_dir is not None else None,
-                   stop_after)
+                   stop_after, test_data)
     if executor == "async":
         from lmrepro.rgc.async_ import train_async
         return train_async(config, spec, train_data, val_data)

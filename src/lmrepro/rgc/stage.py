@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmrepro.data.prepare import load_split
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.runlock import holds_writer_lock
 from lmrepro.results import (SUMMARY, prepare_runs_dir, read_run, seed_dir,
@@ -23,11 +24,12 @@ RUN_NAMES = {"async": "rgc-async", "sync": "rgc-sync", "backprop": "backprop"}
 
 def run_executors(train_data: np.ndarray, val_data: np.ndarray, corpus: str,
                   out_root: str | Path, config: RGCConfig,
-                  executors: Sequence[str] = ("async", "sync", "backprop"), seed: int = 0
-                  ) -> dict[str, dict]:
+                  executors: Sequence[str] = ("async", "sync", "backprop"), seed: int = 0,
+                  test_data: np.ndarray | None = None) -> dict[str, dict]:
     """Each executor into ``out_root/<name>`` (``rgc-async``, ``rgc-sync``, ``backprop``). A run
     whose ``summary.json`` exists is read back; a run with only a checkpoint resumes.
-    Returns ``{executor: summary}``."""
+    ``test_data``: the test split, scored at the end of each run. Returns
+    ``{executor: summary}``."""
     out_root = Path(out_root)
     summaries: dict[str, dict] = {}
     for executor in executors:
@@ -35,7 +37,7 @@ def run_executors(train_data: np.ndarray, val_data: np.ndarray, corpus: str,
         run_dir = out_root / RUN_NAMES[executor]
         if not (run_dir / SUMMARY).exists():
             train(config, executor, train_data, val_data, run_dir, corpus, RUN_NAMES[executor],
-                  seed=seed)
+                  seed=seed, test_data=test_data)
         summaries[executor] = read_run(run_dir)["summary"]
     return summaries
 
@@ -47,9 +49,11 @@ def run_suite(suite: RGCSuite, seeds: Sequence[int], prepared_dir: str | Path,
     ``runs/<corpus>/seed<N>/<run>``; DVC metrics and plots."""
     stage_dir = Path(stage_dir)
     splits = {c: load_splits(prepared_dir, c) for c in suite.corpora}
+    tests = {c: load_split(Path(prepared_dir) / c, "test") for c in suite.corpora}
     for corpus, (train_data, val_data) in splits.items():   # every check before any move
         check_data(f"{corpus} train split", np.asarray(train_data), suite.context)
         check_data(f"{corpus} val split", np.asarray(val_data), suite.context)
+        check_data(f"{corpus} test split", np.asarray(tests[corpus]), suite.context)
     # seeds are not part of the identity: adding one keeps the other seeds' finished runs
     prepare_runs_dir(stage_dir / "runs", {
         "rgc": suite.to_dict(),
@@ -62,7 +66,7 @@ def run_suite(suite: RGCSuite, seeds: Sequence[int], prepared_dir: str | Path,
         for seed in seeds:
             where = f"{corpus}/{seed_dir(seed)}"
             run_executors(train_data, val_data, corpus, stage_dir / "runs" / where,
-                          suite.config, suite.executors, seed)
+                          suite.config, suite.executors, seed, tests[corpus])
             out.update({f"{where}/{RUN_NAMES[e]}": stage_dir / "runs" / where / RUN_NAMES[e]
                         for e in suite.executors})
     write_stage_products(stage_dir, out)

@@ -42,7 +42,7 @@ from lmrepro.results import (SUMMARY, prepare_runs_dir, read_summary,
 from lmrepro.scape.config import (ScalingAblation, ScalingStudy, ScapeConfig, ScapeRun,
                                   ScapeSuite)
 from lmrepro.scape.launch import run_scape_suite
-from lmrepro.scape.sweep import select_best
+from lmrepro.sweep import select_best
 
 log = logging.getLogger(__name__)
 

@@ -13,33 +13,26 @@ mask diagnostics are averaged over the steps at the target density.
 
 from __future__ import annotations
 
-import datetime
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
 from lmrepro.io import atomic_write_json, atomic_write_text, read_json
 from lmrepro.pipeline.analysis import Run, analysis_records, load_run, run_comparisons
-from lmrepro.results import SUMMARY
-from lmrepro.stats import StatsConfig, noninferiority
+from lmrepro.pipeline.length_study import (LOG2, finished_at, find_runs, paired_test, trend)
+from lmrepro.pipeline.length_study import losses as _losses
+from lmrepro.pipeline.length_study import records as table_records
+from lmrepro.stats import StatsConfig
 
 PAPER_STEPS = 100_000          # the SCAPE authors' runs (100 000 iterations)
 SPARSE = ("scape", "topk")
 DENSE = ("adams", "adamw")
 DIAGNOSTICS = ("mask_kept", "step_enter", "step_stay", "reentry_gap", "residual_norm",
                "coverage_at_target")
-LOG2 = math.log(2)
-
-
-def find_runs(root: Path) -> dict[str, Path]:
-    """Finished run directories below ``root`` by their path relative to it."""
-    return {str(p.parent.relative_to(root)): p.parent for p in sorted(root.glob(f"**/{SUMMARY}"))
-            if "checkpoints" not in p.parts and ".stale-" not in str(p)}
 
 
 def study_runs(stage_dir: str | Path) -> pd.DataFrame:
@@ -68,39 +61,6 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
 
 RUN_COLUMNS = ["kind", "size", "steps", "seed", "run", "method", "sparsity", "lr", "val_bpb",
                "test_bpb", "diverged_at_step", "finished_at", "path"]
-
-
-def finished_at(run_dir: Path) -> str:
-    """When the run wrote its summary (UTC, to the minute)."""
-    t = (run_dir / SUMMARY).stat().st_mtime
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
-
-
-def _losses(run: Run) -> list[float]:
-    return list(run.test_losses or run.eval_losses)
-
-
-def paired_test(base: Sequence[Run], cand: Sequence[Run], stats: StatsConfig
-                ) -> dict[str, Any]:
-    """The seed-level test of ``cand`` against ``base`` (paired by seed, then test batch)."""
-    by_seed = {r.summary.seed: r for r in base}
-    pairs = [(by_seed[c.summary.seed], c) for c in cand if c.summary.seed in by_seed]
-    if not pairs or any(c.summary.diverged_at_step is not None for _, c in pairs):
-        n_div = sum(c.summary.diverged_at_step is not None for _, c in pairs)
-        return {"seeds": len(pairs), "diverged": n_div}
-    b = [x for p in pairs for x in _losses(p[0])]
-    c = [x for p in pairs for x in _losses(p[1])]
-    groups = [p[1].summary.seed for p in pairs for _ in _losses(p[1])]
-    r = noninferiority(b, c, margin=stats.margin, confidence=stats.confidence,
-                       n_resamples=stats.n_resamples, seed=stats.seed, groups=groups,
-                       min_groups=2)   # the seed is the unit: its t bound from 2 seeds on
-    return {"seeds": len(pairs), "diverged": 0, "mean": r.mean_rel_diff,
-            "lower": r.lower_bound, "upper": r.upper_bound, "level": r.level,
-            "seed_lower": r.seed_lower_bound, "seed_upper": r.seed_upper_bound,
-            "batch_upper": r.batch_upper_bound, "p_value": r.p_value,
-            "p_worse": r.p_value_worse, "verdict": r.verdict,
-            "per_seed": list(r.group_means), "per_seed_ids": sorted({p[1].summary.seed
-                                                                     for p in pairs})}
 
 
 def gap_table(runs: pd.DataFrame, stats: StatsConfig, floor: Mapping[str, Any] | None
@@ -133,40 +93,6 @@ def gap_table(runs: pd.DataFrame, stats: StatsConfig, floor: Mapping[str, Any] |
                                                                   for r in cand])),
                              "trigram_floor": tri,
                              "testable": True if tri is None else testable(bpb, tri)})
-    return pd.DataFrame(rows)
-
-
-def trend(gaps: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
-    """Per size, candidate and baseline with >= 3 lengths: least squares of the per-seed gaps on
-    ``log10(steps)``: the slope per decade with its two-sided ``confidence`` t interval, and the
-    gap extrapolated to :data:`PAPER_STEPS` with its prediction interval (an extrapolation)."""
-    rows: list[dict[str, Any]] = []
-    if gaps.empty:
-        return pd.DataFrame(rows)
-    for (size, cand, base), g in gaps.groupby(["size", "candidate", "baseline"], sort=True):
-        xs, ys = [], []
-        for rec in g.itertuples():
-            if isinstance(rec.per_seed, list):
-                xs += [math.log10(rec.steps)] * len(rec.per_seed)
-                ys += list(rec.per_seed)
-        if len(set(xs)) < 3 or len(xs) < 4:
-            continue
-        x, y = np.asarray(xs), np.asarray(ys)
-        fit = sps.linregress(x, y)
-        n, df = len(x), len(x) - 2
-        q = sps.t.ppf(0.5 + confidence / 2, df)
-        resid = y - (fit.intercept + fit.slope * x)
-        s = math.sqrt(float(resid @ resid) / df)
-        x0 = math.log10(PAPER_STEPS)
-        se_pred = s * math.sqrt(1 + 1 / n + (x0 - x.mean()) ** 2 / float(((x - x.mean()) ** 2)
-                                                                          .sum()))
-        at = fit.intercept + fit.slope * x0
-        rows.append({"size": size, "candidate": cand, "baseline": base, "points": n,
-                     "lengths": sorted({int(round(10 ** v)) for v in xs}),
-                     "slope_per_decade": fit.slope, "slope_low": fit.slope - q * fit.stderr,
-                     "slope_high": fit.slope + q * fit.stderr, "p_slope": fit.pvalue,
-                     "extrapolated_gap_at_100k": at, "extrapolation_low": at - q * se_pred,
-                     "extrapolation_high": at + q * se_pred})
     return pd.DataFrame(rows)
 
 
@@ -240,7 +166,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     tables: dict[str, pd.DataFrame] = {"runs": runs.drop(columns=["path"])}
     gaps = gap_table(runs, stats, floor)
     tables["gaps"] = gaps
-    tables["trend"] = trend(gaps)
+    tables["trend"] = trend(gaps, to_steps=PAPER_STEPS)
     tables["ablations"] = ablation_table(runs, stats)
     tables["diagnostics"] = diagnostics_table(runs, *verdict)
     sweep = stage_dir_sweep(stage_dir)
@@ -258,7 +184,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
         atomic_write_json(out_dir / "analysis.json", records.model_dump(mode="json"))
     atomic_write_json(out_dir / "scaling.json", {
         "verdict": {"size": verdict[0], "steps": verdict[1]}, "floor": floor,
-        "sweep": sweep, **{k: _records(v) for k, v in tables.items()}})
+        "sweep": sweep, **{k: table_records(v) for k, v in tables.items()}})
     atomic_write_text(out_dir / README_SECTION, readme_markdown(tables, sweep, verdict, floor))
     figures = scaling_plots.figures(runs, gaps, floor, verdict)
     for name, fig in figures.items():
@@ -269,11 +195,6 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
 def stage_dir_sweep(stage_dir: str | Path) -> dict[str, Any] | None:
     path = Path(stage_dir) / "sweep" / "sweep.json"
     return read_json(path) if path.exists() else None
-
-
-def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-             for k, v in row.items()} for row in frame.to_dict(orient="records")]
 
 
 def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling",
@@ -360,7 +281,7 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
         for r in trend_t[trend_t.baseline == "adams"].itertuples():
             lines.append(f"| {r.size} | {r.candidate} | {_pct(r.slope_per_decade)} "
                          f"[{_pct(r.slope_low)}, {_pct(r.slope_high)}] | "
-                         f"{_pct(r.extrapolated_gap_at_100k)} [{_pct(r.extrapolation_low)}, "
+                         f"{_pct(r.extrapolated_gap_at)} [{_pct(r.extrapolation_low)}, "
                          f"{_pct(r.extrapolation_high)}] |")
         lines.append("")
     abl = tables.get("ablations")
@@ -413,7 +334,7 @@ DISPLAY: dict[str, dict[str, str]] = {
     "trend": {"size": "size", "candidate": "candidate", "baseline": "baseline",
               "points": "points", "slope_per_decade": "slope_per_decade",
               "slope_low": "slope_low", "slope_high": "slope_high", "p_slope": "p_slope",
-              "extrapolated_gap_at_100k": "extrapolated_gap",
+              "extrapolated_gap_at": "extrapolated_gap",
               "extrapolation_low": "extrapolation_low",
               "extrapolation_high": "extrapolation_high"},
     "ablations": {"ablation": "ablation", "against": "against", "seeds": "seeds",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,8 @@ from lmrepro.model import ModelConfig
 from lmrepro.results import SUMMARY, prepare_runs_dir, read_summary
 from lmrepro.scape.config import ScapeRun, ScapeSuite, ScapeSweep
 from lmrepro.scape.launch import run_scape_suite
+from lmrepro.sweep import select_best
+
 
 SWEEP_DIR = "sweep"
 SWEEP_JSON = "sweep.json"
@@ -47,20 +48,6 @@ def sweep_runs(suite: ScapeSuite) -> list[tuple[ScapeRun, ScapeRun]]:
     assert suite.sweep is not None
     return [(run, run.replace(name=sweep_name(run, lr), lr=lr))
             for run in suite.runs for lr in suite.sweep.lrs]
-
-
-def select_best(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Per run, the ``lr`` of the lowest finite ``final_bpb`` (ties: the smaller lr); a run whose
-    every value diverged is left out."""
-    best: dict[str, tuple[float, float]] = {}
-    for r in rows:
-        bpb = r["final_bpb"]
-        if bpb is None or not math.isfinite(bpb):
-            continue
-        key = (float(bpb), float(r["lr"]))
-        if r["run"] not in best or key < best[r["run"]]:
-            best[r["run"]] = key
-    return {run: lr for run, (_, lr) in best.items()}
 
 
 def apply_best(runs: Sequence[ScapeRun], best: dict[str, float]) -> list[ScapeRun]:

@@ -1,0 +1,111 @@
+"""What every training-length study shares (SCAPE's and RGC's): the finished runs below a
+directory, the seed-level paired test of one run against another, and the trend of a gap over
+training length.
+
+The seed is the unit (:func:`lmrepro.stats.noninferiority`, docs/statistics.md): the bound is a
+one-sided t interval on the per-seed mean relative differences with a sign-flip p-value beside
+it; the trend is least squares of the per-seed gaps on ``log10(steps)`` with a t interval on its
+slope, and an extrapolation, where one is asked for, is labelled as such by its column names.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from lmrepro.pipeline.analysis import Run
+from lmrepro.results import SUMMARY
+from lmrepro.stats import StatsConfig, noninferiority
+
+LOG2 = math.log(2)
+
+
+def find_runs(root: Path) -> dict[str, Path]:
+    """Finished run directories below ``root`` by their path relative to it."""
+    return {str(p.parent.relative_to(root)): p.parent for p in sorted(root.glob(f"**/{SUMMARY}"))
+            if "checkpoints" not in p.parts and ".stale-" not in str(p)}
+
+
+def finished_at(run_dir: Path) -> str:
+    """When the run wrote its summary (UTC, to the minute)."""
+    t = (run_dir / SUMMARY).stat().st_mtime
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def losses(run: Run) -> list[float]:
+    return list(run.test_losses or run.eval_losses)
+
+
+def paired_test(base: Sequence[Run], cand: Sequence[Run], stats: StatsConfig
+                ) -> dict[str, Any]:
+    """The seed-level test of ``cand`` against ``base`` (paired by seed, then test batch)."""
+    by_seed = {r.summary.seed: r for r in base}
+    pairs = [(by_seed[c.summary.seed], c) for c in cand if c.summary.seed in by_seed]
+    if not pairs or any(c.summary.diverged_at_step is not None for _, c in pairs):
+        n_div = sum(c.summary.diverged_at_step is not None for _, c in pairs)
+        return {"seeds": len(pairs), "diverged": n_div}
+    b = [x for p in pairs for x in losses(p[0])]
+    c = [x for p in pairs for x in losses(p[1])]
+    groups = [p[1].summary.seed for p in pairs for _ in losses(p[1])]
+    r = noninferiority(b, c, margin=stats.margin, confidence=stats.confidence,
+                       n_resamples=stats.n_resamples, seed=stats.seed, groups=groups,
+                       min_groups=2)   # the seed is the unit: its t bound from 2 seeds on
+    return {"seeds": len(pairs), "diverged": 0, "mean": r.mean_rel_diff,
+            "lower": r.lower_bound, "upper": r.upper_bound, "level": r.level,
+            "seed_lower": r.seed_lower_bound, "seed_upper": r.seed_upper_bound,
+            "batch_upper": r.batch_upper_bound, "p_value": r.p_value,
+            "p_worse": r.p_value_worse, "verdict": r.verdict,
+            "per_seed": list(r.group_means), "per_seed_ids": sorted({p[1].summary.seed
+                                                                     for p in pairs})}
+
+
+def trend(gaps: pd.DataFrame, confidence: float = 0.95, to_steps: int | None = None
+          ) -> pd.DataFrame:
+    """Per size, candidate and baseline with >= 3 lengths: least squares of the per-seed gaps on
+    ``log10(steps)``: the slope per decade with its two-sided ``confidence`` t interval, and,
+    with ``to_steps``, the gap extrapolated there with its prediction interval (an
+    extrapolation: ``extrapolated_gap_at``, ``extrapolation_low``/``_high``)."""
+    rows: list[dict[str, Any]] = []
+    if gaps.empty:
+        return pd.DataFrame(rows)
+    for (size, cand, base), g in gaps.groupby(["size", "candidate", "baseline"], sort=True):
+        xs, ys = [], []
+        for rec in g.itertuples():
+            if isinstance(rec.per_seed, list):
+                xs += [math.log10(rec.steps)] * len(rec.per_seed)
+                ys += list(rec.per_seed)
+        if len(set(xs)) < 3 or len(xs) < 4:
+            continue
+        x, y = np.asarray(xs), np.asarray(ys)
+        fit = sps.linregress(x, y)
+        n, df = len(x), len(x) - 2
+        q = sps.t.ppf(0.5 + confidence / 2, df)
+        resid = y - (fit.intercept + fit.slope * x)
+        s = math.sqrt(float(resid @ resid) / df)
+        row = {"size": size, "candidate": cand, "baseline": base, "points": n,
+               "lengths": sorted({int(round(10 ** v)) for v in xs}),
+               "slope_per_decade": fit.slope, "slope_low": fit.slope - q * fit.stderr,
+               "slope_high": fit.slope + q * fit.stderr, "p_slope": fit.pvalue}
+        if to_steps is not None:
+            x0 = math.log10(to_steps)
+            se_pred = s * math.sqrt(1 + 1 / n + (x0 - x.mean()) ** 2
+                                    / float(((x - x.mean()) ** 2).sum()))
+            at = fit.intercept + fit.slope * x0
+            row |= {"extrapolated_to_steps": to_steps, "extrapolated_gap_at": at,
+                    "extrapolation_low": at - q * se_pred, "extrapolation_high": at + q * se_pred}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+             for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+

@@ -1,0 +1,144 @@
+"""RGC's training-length study (lmrepro.rgc.scaling): its configuration, the run settings it
+derives, the test split every run is scored on, resume and identity, and the pool."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lmrepro.errors import ConfigError
+from lmrepro.results import read_summary
+from lmrepro.rgc.config import RGCConfig, RGCSuite
+
+TINY = {"n_layers": 4, "d_model": 16, "n_heads": 2, "context": 16, "batch_size": 4,
+        "micro_batches": 2, "eval_batches": 2, "eval_batch_size": 4, "steps": 4,
+        "warmup_steps": 1, "checkpoint_every": 2, "cores": 2,
+        "stages_per_worker": [2, 2]}
+
+
+def _study(**over) -> dict:
+    s = {"sizes": {"a": {"n_layers": 4, "d_model": 16, "n_heads": 2}},
+         "lengths": {"a": [2, 4]},
+         "runs": [{"name": "rgc", "executor": "sync", "lr": 0.003},
+                  {"name": "rgc_stale1", "executor": "sync", "consensus_staleness": 1,
+                   "lr": 0.003},
+                  {"name": "backprop", "executor": "backprop", "lr": 0.003}],
+         "seeds": {"a": [0]}, "verdict_size": "a", "verdict_seeds": [0, 1],
+         "sweep_factors": [0.5, 1.0, 2.0], "sweep_seed": 1000, "parallel": 1}
+    s.update(over)
+    return s
+
+
+def _suite(**over) -> RGCSuite:
+    return RGCSuite(**TINY, corpora=["c"], executors=["sync", "backprop"],
+                    scaling=_study(**over))
+
+
+@pytest.mark.parametrize("over, fragment", [
+    ({"lengths": {"a": [4, 2]}}, "lengths.a"),
+    ({"lengths": {"b": [2]}}, "lengths"),
+    ({"verdict_size": "b"}, "verdict_size"),
+    ({"baseline": "adamw"}, "baseline"),
+    ({"sweep_seed": 0}, "sweep_seed"),
+    ({"sweep_factors": [1.0, 2.0]}, "sweep_factors"),
+    ({"runs": [{"name": "x", "executor": "sync", "lr": 1e-3},
+               {"name": "x", "executor": "backprop", "lr": 1e-3}], "baseline": "x"}, "runs"),
+])
+def test_a_bad_study_is_refused_naming_the_key(over: dict, fragment: str) -> None:
+    with pytest.raises((ConfigError, ValueError), match=fragment):
+        _suite(**over)
+
+
+def test_a_size_that_the_stage_cut_cannot_split_is_refused() -> None:
+    with pytest.raises((ConfigError, ValueError), match=r"scaling\.sizes\.a"):
+        _suite(sizes={"a": {"n_layers": 6, "d_model": 16, "n_heads": 2}})
+
+
+def test_run_config_scales_the_warmup_and_sets_the_run() -> None:
+    from lmrepro.rgc.scaling import run_config
+
+    suite = _suite()
+    study = suite.scaling
+    assert study is not None
+    stale = study.runs[1]
+    cfg = run_config(suite.config, study.sizes["a"], stale, 1000, 0.05, 1)
+    assert isinstance(cfg, RGCConfig)
+    assert (cfg.steps, cfg.warmup_steps, cfg.checkpoint_every) == (1000, 50, 250)
+    assert cfg.consensus_staleness == 1 and cfg.lr == 0.003
+    assert cfg.single_process_threads == 1
+    assert (cfg.n_layers, cfg.d_model, cfg.context) == (4, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from lmrepro.data.prepare import prepare_corpus
+
+    root = tmp_path_factory.mktemp("prepared")
+    raw = root / "raw.txt"
+    raw.write_bytes(b"to be or not to be, that is the question; whether 'tis nobler. " * 300)
+    prepare_corpus(raw, root / "c")
+    return root
+
+
+def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
+                                                                 tmp_path: Path) -> None:
+    from lmrepro.rgc.scaling import scaling_stage
+
+    suite = _suite()
+    out = scaling_stage(suite, prepared, tmp_path / "st")
+    sweep = json.loads((tmp_path / "st" / "sweep" / "sweep.json").read_text())
+    assert len(sweep["rows"]) == 3 * 3 and set(sweep["best"]) == {"rgc", "rgc_stale1",
+                                                                   "backprop"}
+    # verdict point (L4): every run at its sweep winner, seeds 0 and 1; L2: seed 0 only
+    assert sorted(out) == sorted([f"a/L4/{r}/seed{s}" for r in ("rgc", "rgc_stale1",
+                                                                  "backprop") for s in (0, 1)]
+                                 + [f"a/L2/{r}/seed0" for r in ("rgc", "rgc_stale1",
+                                                                "backprop")])
+    for key, d in out.items():
+        s = read_summary(d)
+        assert s.details["final_test_bpb"] is not None and (d / "eval_losses_test.json").exists()
+        if key.startswith("a/L4/"):
+            assert s.config["lr"] == sweep["best"][key.split("/")[2]]
+        assert s.config["consensus_staleness"] == (1 if "stale1" in key else 0)
+    # staleness changes what is learned (the decoder's updates arrive a step late)
+    a = json.loads((out["a/L4/rgc/seed0"] / "eval_losses.json").read_text())["losses"]
+    b = json.loads((out["a/L4/rgc_stale1/seed0"] / "eval_losses.json").read_text())["losses"]
+    assert a != b
+    # a second call trains nothing (finished runs are kept) ...
+    before = {k: (d / "summary.json").stat().st_mtime_ns for k, d in out.items()}
+    scaling_stage(suite, prepared, tmp_path / "st")
+    assert {k: (d / "summary.json").stat().st_mtime_ns for k, d in out.items()} == before
+    # ... and a changed run (its sweep centre, so its grid) moves only its directories aside
+    changed = _suite(runs=[*_study()["runs"][:2],
+                           {"name": "backprop", "executor": "backprop", "lr": 0.0005}])
+    out2 = scaling_stage(changed, prepared, tmp_path / "st")
+    for key in ("a/L2/rgc/seed0", "a/L4/rgc_stale1/seed1"):
+        assert (out2[key] / "summary.json").stat().st_mtime_ns == before[key]
+    assert read_summary(out2["a/L2/backprop/seed0"]).config["lr"] in (0.00025, 0.0005, 0.001)
+    assert list((tmp_path / "st" / "runs" / "a" / "L2").glob("backprop.stale-*"))
+    assert not list((tmp_path / "st" / "runs" / "a" / "L2").glob("rgc.stale-*"))
+
+
+def test_the_pool_trains_runs_two_at_a_time_with_the_same_results(prepared: Path,
+                                                                   tmp_path: Path) -> None:
+    from lmrepro.rgc.scaling import scaling_stage
+
+    one = scaling_stage(_suite(sweep_factors=[], lengths={"a": [3]}), prepared, tmp_path / "1")
+    two = scaling_stage(_suite(sweep_factors=[], lengths={"a": [3]}, parallel=2), prepared,
+                        tmp_path / "2")
+    assert sorted(one) == sorted(two)
+    for k in one:
+        assert json.loads((one[k] / "eval_losses_test.json").read_text()) == \
+            json.loads((two[k] / "eval_losses_test.json").read_text())
+
+
+def test_a_profile_without_a_study_writes_a_plan_saying_so(prepared: Path, tmp_path: Path
+                                                          ) -> None:
+    from lmrepro.rgc.scaling import scaling_stage
+
+    suite = RGCSuite(**TINY, corpora=["c"], executors=["sync"])
+    assert scaling_stage(suite, prepared, tmp_path / "st") == {}
+    assert "no training-length study" in json.loads(
+        (tmp_path / "st" / "plan.json").read_text())["note"]
