@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lmrepro.errors import ConfigError
@@ -142,3 +143,52 @@ def test_a_profile_without_a_study_writes_a_plan_saying_so(prepared: Path, tmp_p
     assert scaling_stage(suite, prepared, tmp_path / "st") == {}
     assert "no training-length study" in json.loads(
         (tmp_path / "st" / "plan.json").read_text())["note"]
+
+
+def test_the_analysis_pairs_each_rgc_run_with_backprop_by_seed_on_the_test_split(
+        prepared: Path, tmp_path: Path) -> None:
+    from lmrepro.data.ngram import corpus_floor
+    from lmrepro.pipeline.claims import merge_records
+    from lmrepro.rgc.scaling import scaling_stage
+    from lmrepro.rgc.scaling_report import write_analysis
+    from lmrepro.stats import StatsConfig
+
+    suite = _suite(sweep_factors=[], lengths={"a": [2, 3, 4]}, seeds={"a": [0, 1]})
+    scaling_stage(suite, prepared, tmp_path / "st")
+    assert suite.scaling is not None
+    floor = corpus_floor(prepared / "c")
+    got = write_analysis(tmp_path / "st", tmp_path / "an", StatsConfig(n_resamples=200),
+                         suite.scaling, {"c": floor}, "c")
+    gaps = got["tables"]["gaps"]
+    assert sorted(zip(gaps.steps, gaps.candidate)) == sorted(
+        (n, c) for n in (2, 3, 4) for c in ("rgc", "rgc_stale1"))
+    assert set(gaps.baseline) == {"backprop"} and (gaps.seeds == 2).all()
+    # the gap is the mean over seeds of the per-seed mean relative difference on test batches
+    from lmrepro.pipeline.analysis import load_run
+
+    row = gaps[(gaps.steps == 4) & (gaps.candidate == "rgc")].iloc[0]
+    per_seed = []
+    for seed in (0, 1):
+        b = load_run("b", tmp_path / "st" / "runs" / "a" / "L4" / "backprop" / f"seed{seed}")
+        c = load_run("c", tmp_path / "st" / "runs" / "a" / "L4" / "rgc" / f"seed{seed}")
+        per_seed.append(float(np.mean((np.array(c.test_losses) - np.array(b.test_losses))
+                                      / np.array(b.test_losses))))
+    assert row["mean"] == pytest.approx(np.mean(per_seed), rel=1e-6)
+    assert row["lower"] < row["mean"] < row["upper"]
+    assert row["trigram_floor"] == pytest.approx(floor["trigram"]["test"])
+    trend = got["tables"]["trend"]
+    assert set(trend.candidate) == {"rgc", "rgc_stale1"} and "extrapolated_gap_at" not in trend
+    # the claims read the verdict point: lockstep RGC (sync) against backprop, 2 seeds
+    rec = merge_records({"rgc_scaling": got["records"]})
+    assert [(c.candidate_role, c.baseline_role, c.n_seeds) for c in rec.comparisons] == [
+        ("rgc_sync", "backprop", 2)]
+    assert rec.comparisons[0].split == "test"
+    from lmrepro.pipeline.claims import claims_table
+
+    row = claims_table(rec).set_index("id").loc["rgc-quality-length"]
+    assert row["verdict"] != "not run" and "mean d" in row["measured"]
+    # tiny models end far above the floor: no quality verdict
+    assert row["verdict"] == "not testable at this scale"
+    section = (tmp_path / "an" / "readme_section.md").read_text()
+    assert "| a | 4 | rgc |" in section and "not extrapolated" in section
+    assert {"gap_vs_length", "verdict_curves"} <= set(got["figures"])

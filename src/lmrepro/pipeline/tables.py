@@ -160,6 +160,22 @@ COLUMNS: dict[str, Column] = {
     "measured": Column("ours", text, False),
     "our_scale": Column("our scale", text, False),
     "rule": Column("rule", text, False),
+    # training-length studies (lmrepro.pipeline.length_study): the gap to a baseline
+    "gap_mean": Column("mean gap (%)", SIGNED_PERCENT),
+    "gap_lower": Column("L (%)", SIGNED_PERCENT),
+    "gap_upper": Column("U (%)", SIGNED_PERCENT),
+    "gap_batch_upper": Column("U, batch level (%)", SIGNED_PERCENT),
+    "p_noninferior": Column("p, non-inferior", sig3),
+    "p_worse": Column("p, worse", sig3),
+    "diverged": Column("diverged", integer),
+    "candidate_test_bpb": Column("candidate (bits/byte, test)", sig3),
+    "testable": Column("testable", lambda x: MISSING if x is None or x != x
+                       else "yes" if bool(x) else "no", False),
+    "points": Column("points", integer),
+    "slope_per_decade": Column("slope (% per decade)", SIGNED_PERCENT),
+    "slope_low": Column("slope low (%)", SIGNED_PERCENT),
+    "slope_high": Column("slope high (%)", SIGNED_PERCENT),
+    "p_slope": Column("p, slope", sig3),
 }
 
 

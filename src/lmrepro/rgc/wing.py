@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from lmrepro.pipeline.registry import (Report, Role, parameter_count, register_claims,
-                                       register_pairings, register_report, register_roles,
-                                       register_section, register_stage)
+                                       register_pairings, register_records, register_report,
+                                       register_roles, register_section, register_stage,
+                                       register_tables)
 from lmrepro.rgc.roles import METHOD_RGC, ROLE_BACKPROP, ROLE_RGC_ASYNC, ROLE_RGC_SYNC
 
 WING = "rgc"
@@ -22,6 +23,9 @@ register_stage("rgc", ROLE_BACKPROP, None)
 register_section(WING, "rgc", "lmrepro.rgc.config:RGCSuite",
                  lambda s: [(f"rgc.corpora[{i}]", c) for i, c in enumerate(s.corpora)])
 register_claims(WING, "lmrepro.rgc.claims")
+register_tables(WING, "lmrepro.rgc.columns")
+# the training-length study (lmrepro rgc-scaling): its verdict point feeds the claims
+register_records("rgc_scaling")
 
 
 def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:

@@ -40,23 +40,9 @@ COLUMNS: dict[str, Column] = {
     "speedup_at_400_gbit": Column("speed-up at 400 Gbit/s (x)", sig3),
     "gbit_for_paper_speedup": Column("network rate for 3.26x (Gbit/s per node)", sig3),
     "break_even_gbit": Column("SCAPE slower above (Gbit/s per node)", sig3),
-    # the training-length study (lmrepro.scape.scaling_report.DISPLAY)
-    "gap_mean": Column("mean gap (%)", SIGNED_PERCENT),
-    "gap_lower": Column("L (%)", SIGNED_PERCENT),
-    "gap_upper": Column("U (%)", SIGNED_PERCENT),
-    "gap_batch_upper": Column("U, batch level (%)", SIGNED_PERCENT),
-    "p_noninferior": Column("p, non-inferior", sig3),
-    "p_worse": Column("p, worse", sig3),
-    "diverged": Column("diverged", integer),
+    # the training-length study (lmrepro.scape.scaling_report.DISPLAY; its shared columns are
+    # lmrepro.pipeline.tables')
     "dense_test_bpb": Column("dense (bits/byte, test)", sig3),
-    "candidate_test_bpb": Column("candidate (bits/byte, test)", sig3),
-    "testable": Column("testable", lambda x: MISSING if x is None or x != x
-                       else "yes" if bool(x) else "no", False),
-    "points": Column("points", integer),
-    "slope_per_decade": Column("slope (% per decade)", SIGNED_PERCENT),
-    "slope_low": Column("slope low (%)", SIGNED_PERCENT),
-    "slope_high": Column("slope high (%)", SIGNED_PERCENT),
-    "p_slope": Column("p, slope", sig3),
     "extrapolated_gap": Column("EXTRAPOLATED gap at 100k steps (%)", SIGNED_PERCENT),
     "extrapolation_low": Column("low (%)", SIGNED_PERCENT),
     "extrapolation_high": Column("high (%)", SIGNED_PERCENT),

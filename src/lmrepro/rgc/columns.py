@@ -1,0 +1,15 @@
+"""The RGC wing's table vocabulary: the columns of its training-length study's tables
+(:data:`lmrepro.rgc.scaling_report.DISPLAY`, notebook 13), registered with the pipeline by
+:mod:`lmrepro.rgc.wing`; the study columns every wing shares are
+:data:`lmrepro.pipeline.tables.COLUMNS`'."""
+
+from __future__ import annotations
+
+from lmrepro.pipeline.tables import Column, sig3
+
+COLUMNS: dict[str, Column] = {
+    "backprop_test_bpb": Column("backprop (bits/byte, test)", sig3),
+    "rgc_test_bpb": Column("RGC run (bits/byte, test)", sig3),
+}
+
+PRESETS: dict[str, list[str]] = {}

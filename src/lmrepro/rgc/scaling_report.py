@@ -1,0 +1,219 @@
+"""The analysis of RGC's training-length study (:mod:`lmrepro.rgc.scaling`).
+
+Every quality figure is judged on the **test** split (the lr sweep chose on the validation
+split) with the seed as the unit (:func:`lmrepro.pipeline.length_study.paired_test`: a one-sided
+t interval on the per-seed mean relative differences, a sign-flip p-value). Per model size and
+training length: the gap of each RGC run to global backprop with its bounds, backprop's test
+bits/byte against the corpus's trigram floor (a verdict is testable only 10 % below it), then
+the trend of the gap over training length (least squares of the per-seed gaps on
+``log10(steps)``, the slope per decade with a t interval). The paper states no training length
+for its enwik8 runs, so the trend is not extrapolated to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lmrepro.io import atomic_write_json, atomic_write_text, read_json
+from lmrepro.pipeline import length_plots
+from lmrepro.pipeline.analysis import analysis_records, load_run, run_comparisons
+from lmrepro.pipeline.length_study import (LOG2, find_runs, finished_at, losses, paired_test,
+                                           records, trend)
+from lmrepro.stats import StatsConfig
+
+STAGE = "rgc_scaling"
+RUN_COLUMNS = ["kind", "size", "steps", "run", "seed", "executor", "consensus_staleness", "lr",
+               "val_bpb", "test_bpb", "diverged_at_step", "finished_at", "path"]
+COLOURS = {"rgc": "tab:blue", "rgc_stale1": "tab:orange", "backprop": "black"}
+README_SECTION = "readme_section.md"
+
+
+def study_runs(stage_dir: str | Path) -> pd.DataFrame:
+    """One row per finished run of the study (``runs/<size>/L<steps>/<run>/seed<N>``)."""
+    rows = []
+    for rel, path in find_runs(Path(stage_dir) / "runs").items():
+        size, length, name, seed = rel.split("/")[-4:]
+        s = load_run(rel, path).summary
+        rows.append({"kind": "runs", "size": size, "steps": int(length.removeprefix("L")),
+                     "run": name, "seed": int(seed.removeprefix("seed")),
+                     "executor": s.executor, "consensus_staleness":
+                     s.details.get("consensus_staleness"), "lr": s.config.get("lr"),
+                     "val_bpb": s.final_bpb, "test_bpb": s.details.get("final_test_bpb"),
+                     "diverged_at_step": s.diverged_at_step,
+                     "finished_at": finished_at(Path(path)), "path": str(path)})
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+def _mean_bpb(runs: list[Any]) -> float:
+    return float(np.mean([np.mean(losses(r)) / LOG2 for r in runs]))
+
+
+def gap_table(runs: pd.DataFrame, stats: StatsConfig, floor: Mapping[str, Any] | None,
+              baseline: str) -> pd.DataFrame:
+    """Per size, length and RGC run: the test-split gap to ``baseline`` with its seed-level
+    bounds, the baseline's test bits/byte against the trigram floor and whether it is
+    testable."""
+    from lmrepro.data.ngram import testable
+
+    rows = []
+    tri = None if floor is None else float(floor["trigram"]["test"])
+    for (size, steps), point in runs.groupby(["size", "steps"], sort=True):
+        by_run: dict[str, list[Any]] = {}
+        for rec in point.itertuples():
+            by_run.setdefault(rec.run, []).append(load_run(rec.path, rec.path))
+        base = by_run.get(baseline)
+        if not base:
+            continue
+        bpb = _mean_bpb(base)
+        for name, cand in sorted(by_run.items()):
+            if name == baseline:
+                continue
+            rows.append({"size": size, "steps": int(steps), "candidate": name,
+                         "baseline": baseline, **paired_test(base, cand, stats),
+                         "baseline_test_bpb": bpb, "candidate_test_bpb": _mean_bpb(cand),
+                         "trigram_floor": tri,
+                         "testable": True if tri is None else testable(bpb, tri)})
+    return pd.DataFrame(rows)
+
+
+def verdict_records(runs: pd.DataFrame, size: str, steps: int, candidate: str, baseline: str,
+                    stats: StatsConfig, floors: Mapping[str, Mapping[str, Any]]) -> Any:
+    """The verdict point's ``candidate`` and ``baseline`` runs as
+    :class:`~lmrepro.pipeline.records.AnalysisRecords` (stage ``rgc_scaling``), what the claims
+    read."""
+    point = runs[(runs["size"] == size) & (runs.steps == steps)
+                 & runs.run.isin([candidate, baseline])]
+    named = {f"{size}/L{steps}/{r.run}/seed{r.seed}": r.path for r in point.itertuples()}
+    outcomes = run_comparisons(named, stats=stats, floors=floors)
+    return analysis_records(named, stage=STAGE, stats=stats, outcomes=outcomes, floors=floors)
+
+
+def figures(runs: pd.DataFrame, gaps: pd.DataFrame, floor: Mapping[str, Any] | None,
+            verdict: tuple[str, int], baseline: str) -> dict[str, Any]:
+    out = {"gap_vs_length": length_plots.gap_vs_length(gaps, baseline, COLOURS, baseline)}
+    point = runs[(runs["size"] == verdict[0]) & (runs.steps == verdict[1])]
+    if len(point):
+        out["verdict_curves"] = length_plots.verdict_curves(runs, *verdict, floor, COLOURS)
+    return out
+
+
+def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfig,
+                   study: Any, floors: Mapping[str, Mapping[str, Any]], corpus: str
+                   ) -> dict[str, Any]:
+    """Every table as CSV under ``out_dir``, ``analysis.json`` (the verdict point's lockstep RGC
+    against the baseline), ``rgc_scaling.json`` (tables as records), the README section and the
+    figures; returns the tables, records, figures and sweep."""
+    out_dir = Path(out_dir)
+    runs = study_runs(stage_dir)
+    floor = floors.get(corpus)
+    verdict = (study.verdict_size, study.verdict_steps)
+    gaps = gap_table(runs, stats, floor, study.baseline)
+    tables = {"runs": runs.drop(columns=["path"]), "gaps": gaps, "trend": trend(gaps)}
+    sweep_path = Path(stage_dir) / "sweep" / "sweep.json"
+    sweep = read_json(sweep_path) if sweep_path.exists() else None
+    if sweep is not None:
+        tables["sweep"] = pd.DataFrame(sweep["rows"])
+    for name, frame in tables.items():
+        atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
+    lockstep = next((r.name for r in study.runs if r.executor != "backprop"
+                     and r.consensus_staleness == 0), None)
+    rec = None
+    point = runs[(runs["size"] == verdict[0]) & (runs.steps == verdict[1])]
+    if lockstep is not None and len(point):
+        rec = verdict_records(runs, *verdict, lockstep, study.baseline, stats, floors)
+        atomic_write_json(out_dir / "analysis.json", rec.model_dump(mode="json"))
+    atomic_write_json(out_dir / "rgc_scaling.json", {
+        "verdict": {"size": verdict[0], "steps": verdict[1]}, "floor": floor, "sweep": sweep,
+        **{k: records(v) for k, v in tables.items()}})
+    atomic_write_text(out_dir / README_SECTION,
+                      readme_markdown(tables, sweep, verdict, study.baseline))
+    figs = figures(runs, gaps, floor, verdict, study.baseline)
+    for name, fig in figs.items():
+        from lmrepro.pipeline.plots import save_figure
+
+        save_figure(fig, out_dir / f"{name}.png")
+    return {"tables": tables, "records": rec, "figures": figs, "sweep": sweep}
+
+
+def analysis_stage(params: Any, stage_dir: str | Path = "results/rgc_scaling",
+                   out_dir: str | Path = "results/analysis/rgc_scaling") -> dict[str, Any] | None:
+    """The ``analysis_rgc_scaling`` stage: :func:`write_analysis` of the profile's study, or
+    None (and a note) without one."""
+    from lmrepro.pipeline.analysis import corpus_floors
+
+    study = params.rgc.scaling
+    if study is None:
+        atomic_write_json(Path(out_dir) / "rgc_scaling.json",
+                          {"note": "no training-length study in this profile"})
+        return None
+    corpus = params.rgc.corpora[0]
+    floors = corpus_floors(params.data.prepared_dir, {corpus})
+    return write_analysis(stage_dir, out_dir, params.stats, study, floors, corpus)
+
+
+#: the columns a report shows of each table, by their registered names
+DISPLAY: dict[str, dict[str, str]] = {
+    "gaps": {"size": "size", "steps": "steps", "candidate": "run", "seeds": "seeds",
+             "diverged": "diverged", "baseline_test_bpb": "backprop_test_bpb",
+             "candidate_test_bpb": "rgc_test_bpb", "mean": "gap_mean", "lower": "gap_lower",
+             "upper": "gap_upper", "level": "level", "p_value": "p_noninferior",
+             "p_worse": "p_worse", "verdict": "verdict", "testable": "testable"},
+    "trend": {"size": "size", "candidate": "run", "points": "points",
+              "slope_per_decade": "slope_per_decade", "slope_low": "slope_low",
+              "slope_high": "slope_high", "p_slope": "p_slope"},
+}
+
+
+def for_display(name: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """The columns of table ``name`` a report shows (:data:`DISPLAY`), renamed to their
+    registered names."""
+    cols = {k: v for k, v in DISPLAY[name].items() if k in frame.columns}
+    return frame[list(cols)].rename(columns=cols)
+
+
+def _pct(x: Any) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not np.isfinite(x)) \
+        else f"{100 * float(x):+.2f} %"
+
+
+def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any] | None,
+                    verdict: tuple[str, int], baseline: str) -> str:
+    """The README's section on the study: the gaps per point, the trend, the sweep."""
+    runs, gaps, tr = tables["runs"], tables["gaps"], tables["trend"]
+    lines = [f"RGC against {baseline} on the test split, the seed as the unit (one-sided 95 % "
+             "t bounds on the per-seed mean relative differences; margin 1 %). Verdict point: "
+             f"{verdict[0]} at {verdict[1]} steps.", ""]
+    if len(runs):
+        lines += [f"The study's {len(runs)} runs finished between {runs.finished_at.min()} and "
+                  f"{runs.finished_at.max()} (UTC).", ""]
+    if len(gaps):
+        lines += ["| size | steps | run | seeds | backprop test bits/byte | run test bits/byte | "
+                  "mean gap | [L, U] | verdict | testable |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in gaps.itertuples():
+            lines.append(f"| {r.size} | {r.steps} | {r.candidate} | {r.seeds} | "
+                         f"{r.baseline_test_bpb:.3f} | {r.candidate_test_bpb:.3f} | "
+                         f"{_pct(getattr(r, 'mean', None))} | [{_pct(getattr(r, 'lower', None))}"
+                         f", {_pct(getattr(r, 'upper', None))}] | "
+                         f"{getattr(r, 'verdict', '') or 'diverged'} | "
+                         f"{'yes' if r.testable else 'no'} |")
+        lines.append("")
+    if len(tr):
+        lines += ["Trend of the gap per decade of training steps (least squares on the per-seed "
+                  "gaps, 95 % interval; not extrapolated: the paper gives no training length):",
+                  "", "| size | run | slope per decade | p |", "|---|---|---|---|"]
+        for r in tr.itertuples():
+            lines.append(f"| {r.size} | {r.candidate} | {_pct(r.slope_per_decade)} "
+                         f"[{_pct(r.slope_low)}, {_pct(r.slope_high)}] | {r.p_slope:.3g} |")
+        lines.append("")
+    if sweep is not None:
+        edge = ", ".join(sweep["on_edge"]) or "none"
+        lines += [f"Learning rates swept at {sweep['size']}, {sweep['steps']} steps (seed "
+                  f"{sweep['seed']}, validation split): winners "
+                  + ", ".join(f"{k} {v:g}" for k, v in sorted(sweep["best"].items()))
+                  + f"; on the grid's edge: {edge}.", ""]
+    return "\n".join(lines)
