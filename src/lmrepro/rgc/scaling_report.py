@@ -31,6 +31,8 @@ RUN_COLUMNS = ["kind", "size", "steps", "run", "seed", "executor", "consensus_st
                "val_bpb", "test_bpb", "diverged_at_step", "finished_at", "path"]
 COLOURS = {"rgc": "tab:blue", "rgc_stale1": "tab:orange", "backprop": "black"}
 README_SECTION = "readme_section.md"
+#: where the published folder goes in the section's links (replaced by ``lmrepro publish``)
+LINK_BASE = "{published}"
 
 
 def study_runs(stage_dir: str | Path) -> pd.DataFrame:
@@ -185,7 +187,11 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                     verdict: tuple[str, int], baseline: str) -> str:
     """The README's section on the study: the gaps per point, the trend, the sweep."""
     runs, gaps, tr = tables["runs"], tables["gaps"], tables["trend"]
-    lines = [f"RGC against {baseline} on the test split, the seed as the unit (one-sided 95 % "
+    lines = [f"Full report: [{LINK_BASE}/reports/13_analysis_rgc_scaling.html]"
+             f"({LINK_BASE}/reports/13_analysis_rgc_scaling.html); tables in "
+             f"[{LINK_BASE}/results/analysis/rgc_scaling/]"
+             f"({LINK_BASE}/results/analysis/rgc_scaling/).", "",
+             f"RGC against {baseline} on the test split, the seed as the unit (one-sided 95 % "
              "t bounds on the per-seed mean relative differences; margin 1 %). Verdict point: "
              f"{verdict[0]} at {verdict[1]} steps.", ""]
     if len(runs):
@@ -193,7 +199,7 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                   f"{runs.finished_at.max()} (UTC).", ""]
     if len(gaps):
         lines += ["| size | steps | run | seeds | backprop test bits/byte | run test bits/byte | "
-                  "mean gap | [L, U] | verdict | testable |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "mean gap | [L, U] | verdict | testable |", "|---" * 10 + "|"]
         for r in gaps.itertuples():
             lines.append(f"| {r.size} | {r.steps} | {r.candidate} | {r.seeds} | "
                          f"{r.baseline_test_bpb:.3f} | {r.candidate_test_bpb:.3f} | "
