@@ -430,11 +430,29 @@ def rgc_doc_block(r: dict | None, tvp: dict | None) -> str:
                      f"{sm['process_rss_bytes'] / 2**20:.0f} MiB RSS: RSS alone "
                      f"{sm['rss_read_s'] * 1e3:.3f} ms, RSS + PSS + USS (`smaps_rollup`) "
                      f"{sm['pss_uss_read_s'] * 1e3:.3f} ms per read.\n")
+    parts.append(section_rgc_cost(_load("rgc_cost")))
     parts.append(section_rgc_paper_shape(_load("rgc_paper_shape"), "rgc_paper_shape.json"))
     if _load("rgc_paper_shape_16core") is not None:
         parts.append(section_rgc_paper_shape(_load("rgc_paper_shape_16core"),
                                              "rgc_paper_shape_16core.json"))
     return "\n".join(parts)
+
+
+def section_rgc_cost(r: dict | None) -> str:
+    """docs/rgc.md: the cost table that sized the training-length study."""
+    if r is None:
+        return ("### Cost table of the training-length study\n\nNot run yet: "
+                "`python bench/bench_rgc_cost.py`.\n")
+    rows = [[x["size"], x["executor"], f"{x['steps_per_s']:.2f}",
+             f"{x['min']:.2f}-{x['max']:.2f}", len(x["repeats"]),
+             " + ".join(f"{v:.2f}" for v in x["pair_steps_per_s_each"])] for x in r["rows"]]
+    return ("### Cost table of the training-length study (`bench/bench_rgc_cost.py`, "
+            "`rgc_cost.json`)\n\n"
+            f"One run on 1 intra-op thread, batch {r['batch']}, "
+            f"{r['rows'][0]['steps']} steps per repeat (the training clock: start-up and "
+            "evaluation excluded); then two such runs started together, as the study runs "
+            "them.\n\n" + _table(["size", "executor", "steps/s (median)", "range",
+                                   "repeats", "two at once (each)"], rows) + "\n")
 
 
 def _mib(n: float | None) -> str:

@@ -135,7 +135,7 @@ CLAIMS: tuple[Claim, ...] = (
           "gap: direction only",
           length_study, caveat="a stand-in: Shakespeare, not enwik8, and a 4- to 8-layer model "
           "of 1-2 blocks per stage, not 24 layers in 4 stages of 6; RGC trained by the sync "
-          "executor (bit-identical to async at every staleness; docs/rgc.md)"),
+          "executor (equal to async to float rounding at every staleness; docs/rgc.md)"),
     Claim("rgc-tinystories", PAPER, "TinyStories: async RGC more than 2.5 % worse than backprop",
           "paper: > 2.5 % worse", SOURCE, SCALE + ", TinyStories",
           "threshold: reproduced iff our mean relative difference is > +2.5 %", tinystories),

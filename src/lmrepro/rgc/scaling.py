@@ -14,11 +14,12 @@ harness at several training lengths of each model size:
   study does not use, scored on the validation split); its winners are every length's lr at the
   verdict size, and the verdict is judged on the test split.
 
-Executors. Quality runs use the one-process executors: ``sync`` RGC computes exactly what the
-``async`` executor computes (the same updates bit for bit, for every horizon and staleness:
-tests/test_rgc_async.py), so the study's RGC figures are the async executor's, and ``parallel``
-runs train at once, each on ``threads_per_run`` threads, which keeps 2 cores busy with small
-models (a run's clock is therefore not a throughput figure; the study reports none).
+Executors. Quality runs use the one-process executors: ``sync`` RGC computes what the ``async``
+executor computes (the same updates to float rounding, ~1e-7 relative, for every horizon and
+staleness: tests/test_rgc_async.py), so the study's RGC figures stand for the async executor's,
+and ``parallel`` runs train at once, each on ``threads_per_run`` threads, which keeps 2 cores
+busy with small models (a run's clock is therefore not a throughput figure; the study reports
+none).
 
 Run directories: ``<stage>/sweep/<size>/L<steps>/<run>@lr<lr>/seed<N>/`` and
 ``<stage>/runs/<size>/L<steps>/<run>/seed<N>/``; each ``<run>`` directory stores its identity
