@@ -53,6 +53,10 @@ def test_run_writes_results_layout_and_learns(executor: str, tmp_path: Path) -> 
     assert r.final_bpb == pytest.approx(np.mean(r.eval_losses) / np.log(2))
     assert run["eval_losses"] == r.eval_losses and len(r.eval_losses) == 3
     assert r.tokens_per_s > 0 and r.peak_rss_bytes > 50 * 2**20
+    # the exact peaks: the sum of the processes' high-water marks bounds any sampled RSS sum
+    exact = s["details"]["memory_exact"]
+    assert exact["hwm_processes"] >= 1
+    assert exact["hwm_sum_bytes"] >= exact["sampled_peak"]["rss"] > 50 * 2**20
     steps = [m["step"] for m in run["metrics"] if "loss" in m]
     assert steps == list(range(12))
     assert any("eval_bpb" in m for m in run["metrics"])

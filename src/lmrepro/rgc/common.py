@@ -291,6 +291,8 @@ def finish(cfg: RGCConfig, spec: RunSpec, run: Run, model: ByteTransformer, val_
                             run.sampler.max_processes, worker_runtimes)
     fields["details"]["final_test_bpb"] = (None if test_losses is None
                                            else bits_per_byte(test_losses))
+    # the peaks that do not depend on sampling (lmrepro.memory, "Exact peaks"), this invocation's
+    fields["details"]["memory_exact"] = run.sampler.exact()
     summary = run.finish(run.summary(fields), eval_losses, cfg.eval_batch_size, cfg.context,
                          test_losses)
     return TrainResult(spec.executor, summary["tokens_per_s"], peak.rss, summary["final_bpb"],
