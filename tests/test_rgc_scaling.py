@@ -92,6 +92,13 @@ def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
     sweep = json.loads((tmp_path / "st" / "sweep" / "sweep.json").read_text())
     assert len(sweep["rows"]) == 3 * 3 and set(sweep["best"]) == {"rgc", "rgc_stale1",
                                                                    "backprop"}
+    # each winner on the grid's edge was trained once more one grid step beyond it
+    edge = json.loads((tmp_path / "st" / "sweep" / "edge_check.json").read_text())
+    assert [r["run"] for r in edge["rows"]] == sweep["on_edge"] and edge["rows"]
+    for r in edge["rows"]:
+        assert r["beyond_lr"] == pytest.approx(r["grid_lr"] * (2 if r["grid_lr"] == 0.006
+                                                               else 0.5))
+        assert r["beyond_is_better"] == (r["beyond_final_bpb"] < r["grid_bpb"])
     # verdict point (L4): every run at its sweep winner, seeds 0 and 1; L2: seed 0 only
     assert sorted(out) == sorted([f"a/L4/{r}/seed{s}" for r in ("rgc", "rgc_stale1",
                                                                   "backprop") for s in (0, 1)]

@@ -206,6 +206,8 @@ class RGCScaling(Section):
                                        "verdict point: these multiples of each run's lr (empty: "
                                        "no sweep)")
     sweep_seed: int = Field(default=1000, ge=0, description="the sweep's seed (not a study seed)")
+    edge_check: bool = Field(default=True, description="last: train each sweep winner on the "
+                             "grid's edge one grid step beyond it (reported, not applied)")
     parallel: int = Field(default=2, ge=1, description="runs trained at once")
     threads_per_run: int = Field(default=1, ge=1, description="intra-op threads of each run")
 

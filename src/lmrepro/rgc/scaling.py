@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from lmrepro.data.stage import data_identity
-from lmrepro.io import atomic_write_json
+from lmrepro.io import atomic_write_json, read_json
 from lmrepro.results import SUMMARY, prepare_runs_dir, read_summary, seed_dir
 from lmrepro.rgc.config import RGCConfig, RGCScaling, RGCShape, RGCStudyRun, RGCSuite
 from lmrepro.runlock import holds_writer_lock
@@ -159,6 +159,41 @@ class Study:
                               if lr in (min(grids[r]), max(grids[r])))})
         return best
 
+    def edge_check(self) -> dict[str, Any] | None:
+        """After everything else: each sweep winner on the grid's edge trained once more one
+        grid step beyond it (the sweep's seed and length), to say whether the tuned lr is the
+        optimum or the grid cut it off. Reported (``sweep/edge_check.json``), not applied."""
+        path = self.stage / "sweep" / SWEEP_JSON
+        if not path.exists():
+            return None
+        table = read_json(path)
+        s = self.study
+        by_name = {r.name: r for r in s.runs}
+        beyond: list[tuple[str, RGCStudyRun]] = []
+        for name in table["on_edge"]:
+            lrs = sorted(x["lr"] for x in table["rows"] if x["run"] == name)
+            best, ratio = table["best"][name], lrs[1] / lrs[0]
+            lr = float(f"{best * ratio:.3g}" if best >= lrs[-1] else f"{best / ratio:.3g}")
+            beyond.append((name, by_name[name].model_copy(
+                update={"name": f"{name}@lr{lr:g}", "lr": lr})))
+        rows = []
+        if beyond:
+            jobs = self.jobs("sweep-edge", s.verdict_size, s.verdict_steps,
+                             [b for _, b in beyond], [s.sweep_seed])
+            for (name, at), d in zip(beyond, self.execute(jobs)):
+                got = read_summary(d)
+                grid_bpb = next(x["final_bpb"] for x in table["rows"]
+                                if x["run"] == name and x["lr"] == table["best"][name])
+                rows.append({"run": name, "grid_lr": table["best"][name], "grid_bpb": grid_bpb,
+                             "beyond_lr": at.lr, "beyond_final_bpb": got.final_bpb,
+                             "beyond_diverged_at_step": got.diverged_at_step,
+                             "beyond_is_better": got.final_bpb is not None
+                             and got.final_bpb < grid_bpb})
+        out = {"size": table["size"], "steps": table["steps"], "seed": table["seed"],
+               "rows": rows}
+        atomic_write_json(self.stage / "sweep" / "edge_check.json", out)
+        return out
+
     def runs_of(self, size: str, best: dict[str, float]) -> list[RGCStudyRun]:
         if size != self.study.verdict_size:
             return list(self.study.runs)
@@ -178,6 +213,8 @@ class Study:
                 for j in self.jobs("runs", size, steps, self.runs_of(size, best), seeds)]
         dirs = self.execute(jobs)
         out = {str(d.relative_to(self.stage / "runs")): d for d in dirs}
+        if s.edge_check:
+            self.edge_check()
         atomic_write_json(self.stage / PLAN, {"runs": {k: str(v) for k, v in out.items()},
                                               "lrs": best, "parallel": s.parallel,
                                               "threads_per_run": s.threads_per_run})

@@ -120,6 +120,10 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     sweep = read_json(sweep_path) if sweep_path.exists() else None
     if sweep is not None:
         tables["sweep"] = pd.DataFrame(sweep["rows"])
+    edge_path = Path(stage_dir) / "sweep" / "edge_check.json"
+    edge = read_json(edge_path) if edge_path.exists() else None
+    if edge is not None:
+        tables["edge_check"] = pd.DataFrame(edge["rows"])
     for name, frame in tables.items():
         atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
     lockstep = next((r.name for r in study.runs if r.executor != "backprop"
@@ -222,4 +226,12 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                   f"{sweep['seed']}, validation split): winners "
                   + ", ".join(f"{k} {v:g}" for k, v in sorted(sweep["best"].items()))
                   + f"; on the grid's edge: {edge}.", ""]
+    checked = tables.get("edge_check")
+    if checked is not None and len(checked):
+        lines += ["One grid step beyond each edge winner (same seed and length, validation "
+                  "bits/byte): " + "; ".join(
+                      f"{r.run} {r.grid_lr:g} -> {r.grid_bpb:.3f}, {r.beyond_lr:g} -> "
+                      f"{r.beyond_final_bpb:.3f} ({'better' if r.beyond_is_better else 'worse'})"
+                      for r in checked.itertuples())
+                  + ". The study keeps the grid's winners.", ""]
     return "\n".join(lines)
