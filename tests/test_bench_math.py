@@ -145,3 +145,26 @@ def test_optimal_link_bytes_and_link_limit():
     link = AlphaBeta(1e-3, 1 / 12.5e6)
     t = link_limit_comm_time(link, [("reduce_scatter", 125_000), ("all_gather", 0)], 2)
     assert t == pytest.approx(1e-3 + 0.01)
+
+
+def test_the_rgc_speedup_factors_reproduce_the_benchmarks_own_ratios() -> None:
+    """The decomposition of the stored RGC benchmark multiplies back to the ratios the
+    benchmark reported (equal cores, and the paper's 29:24 under a CPU quota)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))
+    import rgc_speedup
+
+    r = json.loads((bench / "results" / "rgc.json").read_text())
+    rows = {label: (f, measured) for label, f, measured in rgc_speedup.benchmark_factors(r)}
+    f, measured = rows["equal cores"]
+    assert f.speedup == pytest.approx(measured, rel=1e-9)
+    assert measured == pytest.approx(r["rows"]["async"]["vs_backprop_same_cores"], rel=1e-9)
+    paper = [v for k, v in rows.items() if k.startswith("the paper's")]
+    if paper:
+        f, measured = paper[0]
+        assert f.core_ratio == pytest.approx(29 / 24, rel=1e-6)
+        assert measured == pytest.approx(r["rows"]["async"]["vs_backprop_paper_ratio"], rel=1e-9)

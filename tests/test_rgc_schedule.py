@@ -54,3 +54,23 @@ def test_oversubscribed_threads_stretch_the_compute() -> None:
     assert ideal_step_time(ws, 2, False, 0.0, threads=4, cores=2) == pytest.approx(2 * base)
     with pytest.raises(ParameterError):
         simulate([], 2, False, 0.0)
+
+
+def test_the_speedup_factors_multiply_to_the_measured_ratio() -> None:
+    from lmrepro.rgc.schedule import decompose
+
+    f = decompose(backprop_step_s=0.227, backprop_cores=24 / 29 * 2, async_step_s=0.183,
+                  ideal_step_s=0.167, busy_core_s=0.31, async_cores=2.0)
+    assert f.speedup == pytest.approx(0.227 / 0.183, rel=1e-12)
+    assert f.core_ratio == pytest.approx(29 / 24)
+    # a perfectly balanced, bubble-free schedule uses every core: utilisation 1
+    g = decompose(1.0, 2.0, 0.5, 0.5, 1.0, 2.0)
+    assert (g.utilisation, g.executor_efficiency, g.work_efficiency) == (1.0, 1.0, 2.0)
+
+
+def test_decompose_refuses_a_non_positive_time() -> None:
+    from lmrepro.errors import ParameterError
+    from lmrepro.rgc.schedule import decompose
+
+    with pytest.raises(ParameterError, match="ideal_step_s"):
+        decompose(1.0, 2.0, 0.5, 0.0, 1.0, 2.0)

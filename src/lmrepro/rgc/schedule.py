@@ -105,3 +105,46 @@ def ideal_step_time(workers: Sequence[WorkerTimes], micro_batches: int, backward
     ends = simulate(scaled, micro_batches, backward_phase, allreduce_s, staleness, n_steps)
     half = n_steps // 2
     return (ends[-1] - ends[half - 1]) / (n_steps - half)
+
+
+@dataclass(frozen=True)
+class SpeedupFactors:
+    """Async RGC's throughput over backprop's, as a product of four factors (each a ratio):
+
+    * ``core_ratio``: the async executor's cores over backprop's (the paper's 29 worker threads
+      against 24: 1.208);
+    * ``work_efficiency``: backprop's core-seconds per step over the async stages' (their
+      compute measured alone, summed over workers, times each worker's cores): how much less
+      CPU time RGC's small per-stage thread groups spend on a step, readouts included;
+    * ``utilisation``: the stages' compute over the async cores' time in the ideal schedule
+      (:func:`ideal_step_time`): 1 minus the bubble and the imbalance between workers;
+    * ``executor_efficiency``: the ideal step over the measured one (transfers, Python, memory
+      contention: what :func:`ideal_step_time` leaves out).
+
+    Their product is the measured ratio exactly (:func:`decompose`)."""
+
+    core_ratio: float
+    work_efficiency: float
+    utilisation: float
+    executor_efficiency: float
+
+    @property
+    def speedup(self) -> float:
+        return self.core_ratio * self.work_efficiency * self.utilisation * \
+            self.executor_efficiency
+
+
+def decompose(backprop_step_s: float, backprop_cores: float, async_step_s: float,
+              ideal_step_s: float, busy_core_s: float, async_cores: float) -> SpeedupFactors:
+    """The factors of ``backprop_step_s / async_step_s`` (:class:`SpeedupFactors`).
+
+    ``busy_core_s``: the async workers' compute per step measured alone, each times its cores
+    (thread count), summed; ``ideal_step_s``: the schedule's step from those times."""
+    for name, v in (("backprop_step_s", backprop_step_s), ("backprop_cores", backprop_cores),
+                    ("async_step_s", async_step_s), ("ideal_step_s", ideal_step_s),
+                    ("busy_core_s", busy_core_s), ("async_cores", async_cores)):
+        check(v > 0, name, v, "must be > 0")
+    return SpeedupFactors(core_ratio=async_cores / backprop_cores,
+                          work_efficiency=backprop_step_s * backprop_cores / busy_core_s,
+                          utilisation=busy_core_s / (async_cores * ideal_step_s),
+                          executor_efficiency=ideal_step_s / async_step_s)
