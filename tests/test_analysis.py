@@ -208,7 +208,7 @@ def test_claims_table_quick_profile(tmp_path: Path) -> None:
     runs = full_profile(tmp_path, with_enwik8=False)
     df = claims(runs).set_index("id")
     assert set(df.index) == {c.id for c in C.registry()}
-    assert len(C.registry()) == 16
+    assert len(C.registry()) == 17
     assert list(claims(runs).columns) == C.CLAIM_COLUMNS
     assert set(df.verdict) <= set(C.VERDICTS)
     assert df.loc["scape-90-adamw", "verdict"] == C.REPRODUCED
@@ -303,12 +303,12 @@ def test_analysis_stage_and_claims_stage(tmp_path: Path, monkeypatch: pytest.Mon
         "2.5x per step (scape@99% p=4 vs adams p=4; step-time spread ±14%)")
     assert (table[table.paper.str.startswith("RGC")].verdict == C.NOT_RUN).all()
     assert read_json(out / "claims.json") == {
-        "claims": 16, "reproduced": int((table.verdict == C.REPRODUCED).sum()),
+        "claims": 17, "reproduced": int((table.verdict == C.REPRODUCED).sum()),
         "reproduced_in_direction_only": int((table.verdict == C.DIRECTION_ONLY).sum()),
         "not_reproduced": int((table.verdict == C.NOT_REPRODUCED).sum()),
         "inconclusive": int((table.verdict == C.INCONCLUSIVE).sum()),
         "not_testable_at_this_scale": int((table.verdict == C.NOT_TESTABLE).sum()),
-        "not_testable_here": 1, "not_run": 5}
+        "not_testable_here": 1, "not_run": 6}
     assert (out / "forest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -151,15 +151,13 @@ def test_the_rgc_speedup_factors_reproduce_the_benchmarks_own_ratios() -> None:
     """The decomposition of the stored RGC benchmark multiplies back to the ratios the
     benchmark reported (equal cores, and the paper's 29:24 under a CPU quota)."""
     import json
-    import sys
     from pathlib import Path
 
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    sys.path.insert(0, str(bench))
-    import rgc_speedup
+    from lmrepro.rgc import speedup
 
+    bench = Path(__file__).resolve().parents[1] / "bench"
     r = json.loads((bench / "results" / "rgc.json").read_text())
-    rows = {label: (f, measured) for label, f, measured in rgc_speedup.benchmark_factors(r)}
+    rows = {label: (f, measured) for label, f, measured in speedup.benchmark_factors(r)}
     f, measured = rows["equal cores"]
     assert f.speedup == pytest.approx(measured, rel=1e-9)
     assert measured == pytest.approx(r["rows"]["async"]["vs_backprop_same_cores"], rel=1e-9)
