@@ -230,3 +230,26 @@ def test_the_first_timeout_of_a_chain_blames_the_stage_at_its_end(
     with pytest.raises(StageWorkerError) as ei:
         train(four(horizon=2, worker_timeout_s=6.0), "async", TRAIN, VAL)
     assert ei.value.stage == 3 and "stage 3 (worker 3) made no progress" in str(ei.value)
+
+
+def test_a_prepared_split_reaches_the_workers_by_its_file_not_its_bytes(tmp_path: Path
+                                                                        ) -> None:
+    """A memory-mapped split goes to stage 0's worker as (path, offset, length): a few bytes
+    pickled instead of the split; the run equals one given the same bytes in memory."""
+    import pickle
+
+    from lmrepro.rgc.wire import MappedBytes, by_reference, received
+
+    path = tmp_path / "train.bin"
+    path.write_bytes(b"\0" * 7 + TRAIN.tobytes())
+    mm = np.memmap(path, dtype=np.uint8, mode="r", offset=7, shape=(len(TRAIN),))
+    for view in (mm, np.asarray(mm), mm[100:900]):
+        ref = by_reference(view)
+        assert isinstance(ref, MappedBytes) and len(pickle.dumps(ref)) < 300
+        np.testing.assert_array_equal(received(ref), view)
+    assert by_reference(TRAIN) is TRAIN                  # built in memory: by value
+    assert by_reference(mm[::2]) is not None and not isinstance(by_reference(mm[::2]),
+                                                                 MappedBytes)
+    a = train(cfg(steps=3, checkpoint_every=0), "async", mm, VAL)
+    b = train(cfg(steps=3, checkpoint_every=0), "async", TRAIN, VAL)
+    assert a.eval_losses == b.eval_losses

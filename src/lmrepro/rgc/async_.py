@@ -60,7 +60,7 @@ from lmrepro.rgc.common import (RunSpec, TrainResult, build_model, checkpoint_st
                                 finish, harness, state_from_bytes, state_to_bytes)
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.wire import (POLL_S, Failed, Finished, Message, Ready, Started, StateAfter,
-                              StepDone, stalled_stage)
+                              StepDone, by_reference, stalled_stage)
 from lmrepro.rgc.worker import WorkerArgs, _stage_worker
 
 
@@ -124,8 +124,8 @@ def _start_workers(cfg: RGCConfig, spec: RunSpec, ckpt: bytes | None, end: int,
                   "bwd_in": bwd[w] if bwd and w < W - 1 else None,
                   "bwd_out": bwd[w - 1] if bwd and w > 0 else None}
         args = WorkerArgs(w, cfg_dict, spec.seed, port, ckpt, end,
-                          train_data if w == 0 else None, queues, pipe.results, pipe.stop,
-                          pipe.finish, pipe.go, pipe.status, fault_spec())
+                          by_reference(train_data) if w == 0 else None, queues, pipe.results,
+                          pipe.stop, pipe.finish, pipe.go, pipe.status, fault_spec())
         p = ctx.Process(target=_stage_worker, name=f"rgc-worker-{w}", args=(args,), daemon=True)
         p.start()
         pipe.procs.append(p)

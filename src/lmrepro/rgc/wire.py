@@ -77,6 +77,41 @@ Message = Started | Ready | StepDone | StateAfter | Finished | Failed
 
 # -- worker <-> worker ---------------------------------------------------------------------------
 
+# -- parent -> worker: the training data ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class MappedBytes:
+    """A read-only byte array passed by its file, not its bytes: the worker maps the same file
+    (the page cache holds one copy for every process) instead of unpickling a private copy."""
+
+    path: str
+    offset: int
+    length: int
+
+    def open(self) -> np.ndarray:
+        return np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.offset,
+                         shape=(self.length,))
+
+
+def by_reference(data: np.ndarray) -> np.ndarray | MappedBytes:
+    """``data`` as a worker should receive it: a contiguous 1-D uint8 view of a file mapping
+    (a prepared split, :func:`lmrepro.data.prepare.load_split`) as :class:`MappedBytes`;
+    anything else (an array built in memory) by value."""
+    mm = data                     # the mapping itself: the array whose base is no array
+    while isinstance(mm.base, np.ndarray):
+        mm = mm.base
+    if not isinstance(mm, np.memmap) or getattr(mm, "filename", None) is None \
+            or data.dtype != np.uint8 or data.ndim != 1 or not data.flags.c_contiguous:
+        return data
+    start = mm.offset + (data.ctypes.data - mm.ctypes.data)
+    return MappedBytes(str(mm.filename), int(start), int(data.shape[0]))
+
+
+def received(data: np.ndarray | MappedBytes | None) -> np.ndarray | None:
+    """The worker's side of :func:`by_reference`."""
+    return data.open() if isinstance(data, MappedBytes) else data
+
+
 def to_wire(obj: Any) -> Any:
     """Tensors (in a tuple or a dict) as numpy copies, which a queue pickles by value through
     its pipe: measured here faster than torch's shared-memory hand-over (one shared-memory

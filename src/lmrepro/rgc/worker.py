@@ -27,8 +27,8 @@ from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.stages import (decoder_parameters, merge_gradients, readout_backward, run_stage,
                                 stage_backward, stage_bounds, stage_parameter_names,
                                 stage_parameters, window_bottom)
-from lmrepro.rgc.wire import (Channels, Failed, Finished, Ready, Started, StateAfter, StepDone,
-                              Stopped, from_wire, to_wire)
+from lmrepro.rgc.wire import (Channels, Failed, Finished, MappedBytes, Ready, Started,
+                              StateAfter, StepDone, Stopped, from_wire, received, to_wire)
 
 
 class WorkerStages:
@@ -134,7 +134,7 @@ class WorkerArgs:
     port: int
     ckpt: bytes | None
     stop_step: int
-    train_data: np.ndarray | None
+    train_data: np.ndarray | MappedBytes | None   # stage 0's worker: a file mapping by path
     queues: dict[str, Any]
     results: Any
     stop: Any
@@ -158,6 +158,7 @@ class StageWorker:
 
     def __init__(self, a: WorkerArgs, cfg: RGCConfig) -> None:
         self.a, self.cfg = a, cfg
+        self.train_data = received(a.train_data)
         self.stages = cfg.placement[a.w]
         self.first, self.last = self.stages[0], self.stages[-1]
         model = build_model(cfg, a.seed)
@@ -226,8 +227,8 @@ class StageWorker:
     def _forward_phase(self, step: int) -> list[list[float]]:
         cfg, q, last = self.cfg, self.a.queues, self.last
         if self.first == 0:
-            assert self.a.train_data is not None and self.gen is not None
-            x, y = sample_batch(self.a.train_data, cfg.batch_size, cfg.context, self.gen)
+            assert self.train_data is not None and self.gen is not None
+            x, y = sample_batch(self.train_data, cfg.batch_size, cfg.context, self.gen)
             micro = micro_batches(x, y, cfg.micro_batches)
         losses = []
         for m in range(cfg.micro_batches):
