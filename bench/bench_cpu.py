@@ -180,7 +180,7 @@ class StepRunner:
         t0 = time.perf_counter()
         for _ in range(n):
             x, y = self._batch()
-            train_step(self.forward, self.model, self.opt, x, y, self.s.grad_clip)
+            train_step(self.forward, self.model, self.opt, x, y, self.s.max_grad_norm)
         self.compile_s = time.perf_counter() - t0
 
     def run(self, n: int) -> None:
@@ -205,7 +205,7 @@ class StepRunner:
         for _ in range(n):
             t0 = time.perf_counter()
             x, y = self._batch()
-            train_step(self.forward, self.model, self.opt, x, y, self.s.grad_clip)
+            train_step(self.forward, self.model, self.opt, x, y, self.s.max_grad_norm)
             self.step_times.append(time.perf_counter() - t0)
         for _ in range(max(1, n // 2)):
             t0 = time.perf_counter()
@@ -216,7 +216,7 @@ class StepRunner:
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             t3 = time.perf_counter()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.max_grad_norm)
             t4 = time.perf_counter()
             self.opt.step()
             loss.item()

@@ -15,7 +15,7 @@ class BaselineConfig(TrainingConfig):
 
     key: ClassVar[str] = "train"
 
-    grad_clip: float = Field(default=1.0, ge=0.0, description="global-norm clip; 0 disables")
+    max_grad_norm: float = Field(default=1.0, ge=0.0, description="global-norm clip; 0 disables")
     eval_every: int = Field(default=100, ge=1, description="evaluate every this many steps")
     log_every: int = Field(default=10, ge=1, description="log the training loss every this many "
                            "steps")

@@ -57,14 +57,14 @@ def compiled_forward(model: torch.nn.Module, s: BaselineConfig) -> torch.nn.Modu
 
 
 def train_step(forward: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Optimizer,
-               x: torch.Tensor, y: torch.Tensor, grad_clip: float) -> float:
+               x: torch.Tensor, y: torch.Tensor, max_grad_norm: float) -> float:
     """One optimisation step of global backprop; returns the loss (nats). ``forward`` is the
     (possibly compiled) module, ``model`` the plain one whose parameters are clipped."""
     loss = lm_loss(forward(x), y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     opt.step()
     return loss.item()
 
@@ -105,7 +105,7 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
         for group in opt.param_groups:
             group["lr"] = lr
         x, y = sample_batch(train_data, s.batch_size, model_cfg.context, gen)
-        loss = train_step(forward, model, opt, x, y, s.grad_clip)
+        loss = train_step(forward, model, opt, x, y, s.max_grad_norm)
         bar.update()
         bar.set_postfix(loss=f"{loss:.3f}")
         return {"loss": loss}
