@@ -28,7 +28,7 @@ def test_methods_roles_and_pairings() -> None:
         ("topk_adamw", "adamw"), ("rgc_async", "backprop"), ("rgc_sync", "backprop"))
     assert A.STAGE_REFERENCES == {"scape": ("adamw", "adams"), "rgc": ("backprop", None)}
     assert [s.key for s in registry.sections()] == ["train", "scape", "rgc"]
-    assert registry.record_stages() == ("scape", "rgc", "scaling")
+    assert registry.record_stages() == ("scape", "rgc", "scaling", "rgc_scaling")
     assert [c.id for c in registry.claims()][0].startswith("scape-")
     with pytest.raises(AttributeError):
         A.ROLE_SGD  # noqa: B018
