@@ -253,3 +253,24 @@ def test_a_prepared_split_reaches_the_workers_by_its_file_not_its_bytes(tmp_path
     a = train(cfg(steps=3, checkpoint_every=0), "async", mm, VAL)
     b = train(cfg(steps=3, checkpoint_every=0), "async", TRAIN, VAL)
     assert a.eval_losses == b.eval_losses
+
+
+def test_each_worker_saves_its_own_part_and_no_state_crosses_the_parent(straight,
+                                                                         tmp_path: Path) -> None:
+    """A checkpoint of the async executor is the parent's small record (its clocks, how many
+    parts) beside one part per worker, each written by its worker; the final state's parts,
+    when no checkpoint is due, are read for the evaluation and removed."""
+    from lmrepro.io import torch_load
+
+    _, out = straight
+    latest = latest_checkpoint(out)
+    files = sorted(p.name for p in (out / "checkpoints" / latest["dir"]).iterdir())
+    assert files == ["part0.pt", "part1.pt", "rank0.pt"]
+    record = torch_load(out / "checkpoints" / latest["dir"] / "rank0.pt")
+    assert record["parts"] == 2 and "model" not in record and "optims" not in record
+    part1 = torch_load(out / "checkpoints" / latest["dir"] / "part1.pt")
+    assert set(part1) >= {"params", "opt_stages"} and "decoder" not in part1   # stage 0's
+    r = train(cfg(checkpoint_every=0), "async", TRAIN, VAL, tmp_path / "nock")
+    assert not list((tmp_path / "nock").glob("checkpoints/step_*"))
+    sync = train(cfg(checkpoint_every=0), "sync", TRAIN, VAL)
+    np.testing.assert_allclose(r.eval_losses, sync.eval_losses, rtol=1e-5)

@@ -217,9 +217,46 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], rank:
                       _step_dir(Path(run_dir), step) / f"rank{rank}.pt")
 
 
+def save_part(run_dir: str | Path, step: int, part: int, state: dict[str, Any]) -> Path:
+    """Write process ``part``'s share of the state after ``step`` beside the checkpoint of that
+    step (atomically): a multi-process run whose processes each save their own share, so no
+    state travels through one process. The checkpoint (:func:`save_checkpoint`, rank 0) names
+    how many parts it has; it is complete once published."""
+    path = _step_dir(Path(run_dir), step) / f"part{part}.pt"
+    atomic_torch_save({"step": int(step), "part": int(part), **state}, path)
+    return path
+
+
+def load_part(run_dir: str | Path, step: int, part: int) -> dict[str, Any]:
+    """Process ``part``'s share saved by :func:`save_part` (a clear error when missing or
+    damaged)."""
+    path = _step_dir(Path(run_dir), step) / f"part{part}.pt"
+    if not path.exists():
+        raise CheckpointError(path, run_dir, "is missing (the checkpoint's parts are "
+                              "incomplete)")
+    try:
+        state = torch_load(path)
+    except Exception as err:  # noqa: BLE001 - torch reports damage as OSError or RuntimeError
+        raise CheckpointError(path, run_dir, f"is damaged: torch cannot read it ({err})"
+                              ) from None
+    if not (isinstance(state, dict) and int(state.get("step", -1)) == int(step)):
+        raise CheckpointError(path, run_dir, f"is not step {step}'s part")
+    return state
+
+
+def drop_unpublished(run_dir: str | Path, step: int) -> None:
+    """Remove step ``step``'s checkpoint directory unless ``latest.json`` points at it (parts
+    written only to hand the final state over)."""
+    latest = latest_checkpoint(run_dir)
+    d = _step_dir(Path(run_dir), step)
+    if latest is None or latest.get("dir") != d.name:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def publish_checkpoint(run_dir: str | Path, step: int, identity: dict[str, Any],
                        world_size: int = 1) -> None:
-    """Point ``latest.json`` at ``step`` (the checkpoint is complete) and drop older ones."""
+    """Point ``latest.json`` at ``step`` (the checkpoint is complete) and drop older ones (a
+    newer one being written is kept)."""
     run_dir = Path(run_dir)
     name = _step_dir(run_dir, step).name
     atomic_write_json(run_dir / CHECKPOINTS / LATEST,
@@ -227,7 +264,9 @@ def publish_checkpoint(run_dir: str | Path, step: int, identity: dict[str, Any],
                        "identity": identity})
     fault_point(f"checkpoint-published@{step}")   # test hook: killed right after a checkpoint
     for old in (run_dir / CHECKPOINTS).glob("step_*"):
-        if old.name != name:
+        # only older ones: a newer step's directory may already hold parts that processes
+        # running ahead saved (lmrepro.rgc.async_)
+        if old.name < name:
             shutil.rmtree(old, ignore_errors=True)
 
 

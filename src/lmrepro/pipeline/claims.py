@@ -111,7 +111,8 @@ class Claim:
 
 def __getattr__(name: str) -> Any:
     """``STAGES``: the stages whose ``analysis.json`` the claims read, as the wings register them
-    (:func:`lmrepro.pipeline.registry.record_stages`: ``scape``, ``rgc``, ``scaling``, ``rgc_scaling``)."""
+    (:func:`lmrepro.pipeline.registry.record_stages`: ``scape``, ``rgc``, ``scaling``,
+    ``rgc_scaling``)."""
     if name == "STAGES":
         return _registry.record_stages()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -56,11 +56,12 @@ from lmrepro.harness import Run
 from lmrepro.lifetime import fault_spec
 from lmrepro.memory import Memory, MemorySampler
 from lmrepro.model import ByteTransformer
+from lmrepro.results import drop_unpublished, load_part
 from lmrepro.rgc.common import (RunSpec, TrainResult, build_model, checkpoint_state, evaluate,
                                 finish, harness, state_from_bytes, state_to_bytes)
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.wire import (POLL_S, Failed, Finished, Message, Ready, Started, StateAfter,
-                              StepDone, by_reference, stalled_stage)
+from lmrepro.rgc.wire import (POLL_S, Failed, Finished, Message, PartSaved, Ready, Started,
+                              StateAfter, StepDone, by_reference, stalled_stage)
 from lmrepro.rgc.worker import WorkerArgs, _stage_worker
 
 
@@ -124,8 +125,10 @@ def _start_workers(cfg: RGCConfig, spec: RunSpec, ckpt: bytes | None, end: int,
                   "bwd_in": bwd[w] if bwd and w < W - 1 else None,
                   "bwd_out": bwd[w - 1] if bwd and w > 0 else None}
         args = WorkerArgs(w, cfg_dict, spec.seed, port, ckpt, end,
-                          by_reference(train_data) if w == 0 else None, queues, pipe.results,
-                          pipe.stop, pipe.finish, pipe.go, pipe.status, fault_spec())
+                          by_reference(train_data) if w == 0 else None,
+                          None if spec.out_dir is None else str(spec.out_dir), queues,
+                          pipe.results, pipe.stop, pipe.finish, pipe.go, pipe.status,
+                          fault_spec())
         p = ctx.Process(target=_stage_worker, name=f"rgc-worker-{w}", args=(args,), daemon=True)
         p.start()
         pipe.procs.append(p)
@@ -140,6 +143,10 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
     ckpt: list[bytes] = []
 
     def restore(ck: dict[str, Any]) -> None:
+        if "parts" in ck:        # each worker saved its own part beside the checkpoint
+            assert spec.out_dir is not None
+            ck = {**_assemble(cfg, {w: load_part(spec.out_dir, int(ck["step"]), w)
+                                    for w in range(int(ck["parts"]))}), "step": ck["step"]}
         template.load_state_dict(ck["model"])
         ckpt.append(state_to_bytes(ck))
 
@@ -163,7 +170,9 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
         check(parent.final is not None, "async run", "no final state",
               "workers must report a state")
         assert parent.final is not None
-        template.load_state_dict(_assemble(cfg, parent.final)["model"])
+        parent.load_weights(parent.final)
+        if spec.out_dir is not None:
+            drop_unpublished(spec.out_dir, end)
         return finish(cfg, spec, run, template, val_data, end, parent.runtimes)
 
 
@@ -184,8 +193,9 @@ class _Parent:
     end: int
     before_workers: Memory
     runtimes: Memory = field(default_factory=Memory)
-    final: dict[int, dict] | None = None
+    final: dict[int, dict] | int | None = None   # the last state: its parts, or their step
     counts: dict[type, int] = field(default_factory=dict)
+    saved: dict[int, set[int]] = field(default_factory=dict)
     steps: dict[int, dict[int, StepDone]] = field(default_factory=dict)
     states: dict[int, dict[int, dict]] = field(default_factory=dict)
     last_t: float = 0.0
@@ -235,6 +245,11 @@ class _Parent:
             self.states.setdefault(msg.done, {})[msg.worker] = state_from_bytes(msg.payload)
             if len(self.states[msg.done]) == W:
                 self._on_state(msg.done, self.states.pop(msg.done))
+        elif isinstance(msg, PartSaved):
+            self.saved.setdefault(msg.done, set()).add(msg.worker)
+            if len(self.saved[msg.done]) == W:
+                del self.saved[msg.done]
+                self._on_parts(msg.done)
 
     def _log_step(self, step: int, reports: dict[int, StepDone]) -> None:
         """Every worker finished ``step``: its record, timed from the previous step's end."""
@@ -248,6 +263,30 @@ class _Parent:
             "worker_wait_s": [r.wait_s for r in workers],
             "worker_consensus_s": [r.consensus_s for r in workers]})
         self.last_t = now
+
+    def load_weights(self, parts: dict[int, dict] | int) -> None:
+        """The template model's weights from the workers' parts: sent (a dict), or saved after
+        step ``parts`` (read one part at a time, so the parent never holds them all)."""
+        if isinstance(parts, dict):
+            self.template.load_state_dict(_assemble(self.cfg, parts)["model"])
+            return
+        assert self.run.out_dir is not None
+        for w in range(self.cfg.n_workers):
+            part = load_part(self.run.out_dir, parts, w)
+            self.template.load_state_dict({**part["params"], **part.get("decoder", {})},
+                                          strict=False)
+            del part
+
+    def _on_parts(self, done: int) -> None:
+        """All W workers saved their parts after step ``done``: evaluate and/or checkpoint (the
+        checkpoint's own file names its parts)."""
+        def evaluate_state() -> float:
+            self.load_weights(done)
+            return bits_per_byte(evaluate(self.template, self.val_data, self.cfg))
+
+        self.run.after_step(done, lambda: {"parts": self.cfg.n_workers}, evaluate_state)
+        if done == self.end:
+            self.final = done
 
     def _on_state(self, done: int, parts: dict[int, dict]) -> None:
         """All W workers reported their state after step ``done``: evaluate and/or checkpoint."""

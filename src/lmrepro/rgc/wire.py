@@ -55,6 +55,15 @@ class StateAfter:
 
 
 @dataclass(frozen=True)
+class PartSaved:
+    """The worker wrote its part of the training state after ``done`` steps to the run's
+    checkpoint directory (:func:`lmrepro.results.save_part`): nothing but this note crosses."""
+
+    worker: int
+    done: int
+
+
+@dataclass(frozen=True)
 class Finished:
     """The worker trained its last step."""
 
@@ -72,7 +81,7 @@ class Failed:
     peer: int | None
 
 
-Message = Started | Ready | StepDone | StateAfter | Finished | Failed
+Message = Started | Ready | StepDone | StateAfter | PartSaved | Finished | Failed
 
 
 # -- worker <-> worker ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from lmrepro.errors import check
 from lmrepro.lifetime import die_with_multiprocessing_parent, fault_point, set_fault_spec
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import grads_to_flat
+from lmrepro.results import save_part
 from lmrepro.rgc.common import (ConsensusQueue, batch_generator, build_model, cadence, lr_at,
                                 make_adamw, micro_batches, set_lr, stage_fault_point,
                                 state_from_bytes, state_to_bytes)
@@ -27,7 +28,7 @@ from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.stages import (decoder_parameters, merge_gradients, readout_backward, run_stage,
                                 stage_backward, stage_bounds, stage_parameter_names,
                                 stage_parameters, window_bottom)
-from lmrepro.rgc.wire import (Channels, Failed, Finished, MappedBytes, Ready, Started,
+from lmrepro.rgc.wire import (Channels, Failed, Finished, MappedBytes, PartSaved, Ready, Started,
                               StateAfter, StepDone, Stopped, from_wire, received, to_wire)
 
 
@@ -135,6 +136,7 @@ class WorkerArgs:
     ckpt: bytes | None
     stop_step: int
     train_data: np.ndarray | MappedBytes | None   # stage 0's worker: a file mapping by path
+    run_dir: str | None       # where the worker saves its part of the state (None: send it)
     queues: dict[str, Any]
     results: Any
     stop: Any
@@ -188,12 +190,19 @@ class StageWorker:
 
     def train(self) -> None:
         """Every step to ``stop_step``; the state after each step the parent checkpoints or
-        evaluates (and the last)."""
+        evaluates (and the last): with a run directory, each worker saves its own part there
+        at a checkpoint and at the last step (the parent reads what it needs from disk, so no
+        state travels through it); otherwise, and for an evaluation between checkpoints, the
+        state goes to the parent as bytes."""
         due = cadence(self.cfg)
         for step in range(self.start, self.a.stop_step):
             self.step(step)
             done = step + 1
-            if done == self.a.stop_step or due.checkpoint_due(done) or due.eval_due(done):
+            last_or_ckpt = done == self.a.stop_step or due.checkpoint_due(done)
+            if self.a.run_dir is not None and last_or_ckpt:
+                save_part(self.a.run_dir, done, self.a.w, self.state())
+                self.a.results.put(PartSaved(self.a.w, done))
+            elif last_or_ckpt or due.eval_due(done):
                 self.a.results.put(StateAfter(self.a.w, done, state_to_bytes(self.state())))
 
     def step(self, step: int) -> None:
