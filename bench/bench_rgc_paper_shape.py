@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -197,9 +198,12 @@ def run_one(cfg_dict: dict, executor: str, pin: bool) -> dict[str, Any]:
     # the tree is listed (new processes found, PSS read) every second, every VmHWM read at
     # every 0.2 s tick
     sampler = MemorySampler(interval_s=0.2, full_interval_s=1.0)
-    with warnings.catch_warnings(record=True) as w, sampler:
+    # a run directory, as every pipeline run has: the async workers then save their final
+    # parts there and the parent reads them one at a time (no state through the parent)
+    with warnings.catch_warnings(record=True) as w, sampler, \
+            tempfile.TemporaryDirectory(prefix="lmrepro-paper-shape-") as run_dir:
         warnings.simplefilter("always")
-        r = train(cfg, executor, tr, va, corpus=corpus)
+        r = train(cfg, executor, tr, va, Path(run_dir) / "run", corpus=corpus)
     if pinner is not None:
         pinner.stop.set()
         pinner.join()
