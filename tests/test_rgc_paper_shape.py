@@ -79,3 +79,20 @@ def test_accounts_cover_every_kind_and_the_difference_sums() -> None:
     assert sum(diff.values()) == a["total"] - b["total"]
     # the backprop graph is every stage's graph plus one readout
     assert b["bytes"]["activations_kept"] == sum(ba.stage_saved_bytes(cfg, k) for k in range(4))
+
+
+def test_saving_parts_to_files_keeps_the_snapshot_out_of_the_parent() -> None:
+    """By file, the parent holds one part and the final clone; by bytes, every state and the
+    clone of the assembled model: the difference is every part but the largest."""
+    cfg = tiny(n_stages=4, stages_per_worker=[2, 2], n_layers=4)
+    f, b = ba.async_account(cfg, via="file"), ba.async_account(cfg, via="bytes")
+    parts = [w["bytes"]["snapshot"] for w in b["workers"]]
+    assert all(w["bytes"]["snapshot"] == 0 for w in f["workers"])
+    full = ba.FLOAT * ba.model_parameters(cfg)
+    assert f["parent"]["bytes"]["snapshot"] == max(parts) + full
+    assert b["parent"]["bytes"]["snapshot"] - f["parent"]["bytes"]["snapshot"] == \
+        sum(parts) - max(parts)
+    from lmrepro.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="via"):
+        ba.async_account(cfg, via="pipe")

@@ -24,9 +24,12 @@ so a measured peak can be split into the model's tensors and the rest (runtimes,
   moments and the flattened all-reduce buffer (with a stale consensus, s more pending);
 * ``unused_replica``: the parameters of the stages a worker does not run (every worker builds
   the whole model from the seed, then trains its own stages only);
-* ``snapshot``: the state a worker hands over for a checkpoint or at the end (its parameters
-  and optimizer state as ``torch.save`` bytes; worker 0 adds the decoder's), and in the parent
-  the states of all workers and the assembled model; backprop: the final ``state_dict`` clone.
+* ``snapshot``: the state handed over for a checkpoint or at the end. With a run directory
+  (every pipeline run: ``via="file"``) each worker streams its part to its own file and the
+  parent reads one part at a time into its model, then clones the final state: the parent holds
+  the largest part and the clone. Without one (``via="bytes"``) each worker sends its parameters
+  and optimizer state as ``torch.save`` bytes (worker 0 adds the decoder's) and the parent holds
+  every worker's state and the assembled model. Backprop: the final ``state_dict`` clone.
 
 The saved-tensor counts are those of this torch's CPU kernels (scaled-dot-product attention by
 the flash kernel: q, k, v, the output and a log-sum-exp per head and token, no T x T matrix),
@@ -41,6 +44,7 @@ from typing import Any
 
 import torch
 
+from lmrepro.errors import check
 from lmrepro.model import VOCAB_SIZE
 from lmrepro.rgc.config import RGCConfig
 
@@ -131,15 +135,18 @@ def _adam_bytes(n_params: int, n_tensors: int) -> int:
     return 2 * FLOAT * n_params + FLOAT * n_tensors
 
 
-def async_account(cfg: RGCConfig) -> dict[str, Any]:
+def async_account(cfg: RGCConfig, via: str = "file") -> dict[str, Any]:
     """Bytes by kind for each worker of the async executor (and the parent), at the peak of a
     step (the end of the forward phase, gradients and optimizer state alive), plus the
-    hand-over snapshot. Returns ``{"workers": [{"stages", "bytes": {kind: n}, "total"}, ...],
+    hand-over snapshot (``via``: ``"file"``, a run directory, or ``"bytes"``; module
+    docstring). Returns ``{"workers": [{"stages", "bytes": {kind: n}, "total"}, ...],
     "parent": {...}, "total": n}``."""
+    check(via in ("file", "bytes"), "via", via, "must be 'file' or 'bytes'")
     K, M, H = cfg.n_stages, cfg.micro_batches, cfg.horizon
     n_dec = decoder_parameters(cfg)
     dec_tensors = 3
     workers: list[dict[str, Any]] = []
+    parts: list[int] = []
     for w, stages in enumerate(cfg.placement):
         own = sum(stage_parameters(cfg, k) for k in stages)
         own_t = sum(stage_tensors(cfg, k) for k in stages)
@@ -151,9 +158,11 @@ def async_account(cfg: RGCConfig) -> dict[str, Any]:
         queued = cfg.queue_size * activation_message_bytes(cfg) if last < K - 1 else 0
         if H > 1 and stages[0] > 0:
             queued += cfg.queue_size * gradient_message_bytes(cfg, stages[0])
-        snapshot = FLOAT * own + _adam_bytes(own, own_t)
+        part = FLOAT * own + _adam_bytes(own, own_t)
         if w == 0:
-            snapshot += FLOAT * n_dec + _adam_bytes(n_dec, dec_tensors)
+            part += FLOAT * n_dec + _adam_bytes(n_dec, dec_tensors)
+        parts.append(part)
+        snapshot = part if via == "bytes" else 0      # a file is streamed, not buffered
         b = {"parameters": FLOAT * own, "gradients": FLOAT * own,
              "optimizer_state": _adam_bytes(own, own_t), "activations_kept": kept,
              "readout_transient": readout_saved_bytes(cfg), "queued_copies": queued,
@@ -167,9 +176,10 @@ def async_account(cfg: RGCConfig) -> dict[str, Any]:
     full = FLOAT * model_parameters(cfg)
     optim_all = sum(_adam_bytes(stage_parameters(cfg, k), stage_tensors(cfg, k))
                     for k in range(K)) + _adam_bytes(n_dec, 3)
-    # the template model, every worker's state received (parameters + optimizer state), and
-    # the final state assembled and cloned
-    parent = {"parameters": full, "snapshot": full + optim_all + full}
+    # the template model; by bytes: every worker's state received (parameters + optimizer
+    # state) and the final state assembled, then cloned; by file: one part at a time, the clone
+    parent = {"parameters": full, "snapshot": full + optim_all + full if via == "bytes"
+              else max(parts) + full}
     return {"executor": "async", "workers": workers,
             "parent": {"bytes": parent, "total": sum(parent.values())},
             "total": sum(int(x["total"]) for x in workers) + sum(parent.values())}
