@@ -270,6 +270,8 @@ def test_each_worker_saves_its_own_part_and_no_state_crosses_the_parent(straight
     assert record["parts"] == 2 and "model" not in record and "optims" not in record
     part1 = torch_load(out / "checkpoints" / latest["dir"] / "part1.pt")
     assert set(part1) >= {"params", "opt_stages"} and "decoder" not in part1   # stage 0's
+    # the workers' saving is checkpoint time, off the training clock
+    assert read_run(out)["summary"]["checkpoint_time_s"] > 0
     r = train(cfg(checkpoint_every=0), "async", TRAIN, VAL, tmp_path / "nock")
     assert not list((tmp_path / "nock").glob("checkpoints/step_*"))
     sync = train(cfg(checkpoint_every=0), "sync", TRAIN, VAL)

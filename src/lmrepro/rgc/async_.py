@@ -195,7 +195,8 @@ class _Parent:
     runtimes: Memory = field(default_factory=Memory)
     final: dict[int, dict] | int | None = None   # the last state: its parts, or their step
     counts: dict[type, int] = field(default_factory=dict)
-    saved: dict[int, set[int]] = field(default_factory=dict)
+    saved: dict[int, dict[int, float]] = field(default_factory=dict)   # done -> worker -> s
+    save_s: dict[int, float] = field(default_factory=dict)    # done -> the slowest save
     steps: dict[int, dict[int, StepDone]] = field(default_factory=dict)
     states: dict[int, dict[int, dict]] = field(default_factory=dict)
     last_t: float = 0.0
@@ -246,14 +247,21 @@ class _Parent:
             if len(self.states[msg.done]) == W:
                 self._on_state(msg.done, self.states.pop(msg.done))
         elif isinstance(msg, PartSaved):
-            self.saved.setdefault(msg.done, set()).add(msg.worker)
+            self.saved.setdefault(msg.done, {})[msg.worker] = msg.seconds
             if len(self.saved[msg.done]) == W:
-                del self.saved[msg.done]
+                seconds = self.saved.pop(msg.done)
+                # the workers saved in parallel, before their next step: checkpoint time, not
+                # training time (taken off that step's clock in _log_step)
+                self.save_s[msg.done] = max(seconds.values())
                 self._on_parts(msg.done)
 
     def _log_step(self, step: int, reports: dict[int, StepDone]) -> None:
-        """Every worker finished ``step``: its record, timed from the previous step's end."""
+        """Every worker finished ``step``: its record, timed from the previous step's end, less
+        the time the workers spent saving their parts before it (checkpoint time)."""
         now = time.perf_counter()
+        saving = min(self.save_s.pop(step, 0.0), max(0.0, now - self.last_t))
+        self.run.checkpoint_time_s += saving
+        self.last_t += saving
         losses = {k: v for r in reports.values() for k, v in r.losses.items()}
         stage_losses = [losses[k] for k in range(self.cfg.n_stages)]
         workers = [reports[w] for w in range(self.cfg.n_workers)]
@@ -285,7 +293,8 @@ class _Parent:
             return bits_per_byte(evaluate(self.template, self.val_data, self.cfg))
 
         self.run.after_step(done, lambda: {"parts": self.cfg.n_workers}, evaluate_state)
-        if done == self.end:
+        if done == self.end:      # after the training clock: the hand-over's own time
+            self.run.checkpoint_time_s += self.save_s.pop(done, 0.0)
             self.final = done
 
     def _on_state(self, done: int, parts: dict[int, dict]) -> None:

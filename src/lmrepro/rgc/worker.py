@@ -200,8 +200,9 @@ class StageWorker:
             done = step + 1
             last_or_ckpt = done == self.a.stop_step or due.checkpoint_due(done)
             if self.a.run_dir is not None and last_or_ckpt:
+                t0 = time.perf_counter()
                 save_part(self.a.run_dir, done, self.a.w, self.state())
-                self.a.results.put(PartSaved(self.a.w, done))
+                self.a.results.put(PartSaved(self.a.w, done, time.perf_counter() - t0))
             elif last_or_ckpt or due.eval_due(done):
                 self.a.results.put(StateAfter(self.a.w, done, state_to_bytes(self.state())))
 
