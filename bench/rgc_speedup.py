@@ -71,7 +71,11 @@ def section(r: dict[str, Any] | None, p: dict[str, Any] | None,
             "The gap is what larger thread groups lose to backprop on 24 threads (intra-op "
             "scaling is sub-linear: the paper attributes its gain to smaller, more efficient "
             "per-stage groups), which 2 cores cannot measure; the 16-core device script "
-            "(`scripts/rgc-paper-shape.sh`) measures it where a machine is lent.\n")
+            "(`scripts/rgc-paper-shape.sh`) measures it where a machine is lent. The inputs "
+            f"come from two runs, possibly on different machines (the benchmark: "
+            f"{r['machine'].get('cpu_model')}; the paper shape: "
+            f"{p['machine'].get('cpu_model') if p else '?'}), and the work efficiency depends "
+            "on the machine: read the prediction as a rough figure.\n")
     else:
         parts.append(f"\nThe paper's 1.382x needs the three non-core factors to multiply to "
                      f"{PAPER_SPEEDUP / ratio:.3f} at its 29:24 core ratio.\n")
