@@ -33,10 +33,18 @@ def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
     rgc = params.get("rgc") or {}
     if not rgc:
         return None
-    return (f"RGC suite: {rgc.get('n_layers')} layers x d={rgc.get('d_model')} in "
-            f"{rgc.get('n_stages')} stages{parameter_count(n_params, 'rgc')}, "
-            f"{rgc.get('steps')} steps, executors {', '.join(rgc.get('executors') or [])}, on "
-            f"{', '.join(rgc.get('corpora') or [])}")
+    suite = (f"RGC suite: {rgc.get('n_layers')} layers x d={rgc.get('d_model')} in "
+             f"{rgc.get('n_stages')} stages{parameter_count(n_params, 'rgc')}, "
+             f"{rgc.get('steps')} steps, executors {', '.join(rgc.get('executors') or [])}, on "
+             f"{', '.join(rgc.get('corpora') or [])}")
+    study = rgc.get("scaling")
+    if not study:
+        return suite
+    lengths = "; ".join(f"{size} at {', '.join(map(str, ls))} steps"
+                        for size, ls in (study.get("lengths") or {}).items())
+    return (f"{suite}; RGC training-length study: {', '.join(r['name'] for r in study['runs'])}"
+            f" at {lengths}, verdict at {study.get('verdict_size')} with "
+            f"{len(study.get('verdict_seeds') or [])} seeds")
 
 
 register_report(Report(WING, scale, metrics=("results/rgc/metrics.json",),
