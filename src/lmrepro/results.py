@@ -230,18 +230,8 @@ def save_part(run_dir: str | Path, step: int, part: int, state: dict[str, Any]) 
 def load_part(run_dir: str | Path, step: int, part: int) -> dict[str, Any]:
     """Process ``part``'s share saved by :func:`save_part` (a clear error when missing or
     damaged)."""
-    path = _step_dir(Path(run_dir), step) / f"part{part}.pt"
-    if not path.exists():
-        raise CheckpointError(path, run_dir, "is missing (the checkpoint's parts are "
-                              "incomplete)")
-    try:
-        state = torch_load(path)
-    except Exception as err:  # noqa: BLE001 - torch reports damage as OSError or RuntimeError
-        raise CheckpointError(path, run_dir, f"is damaged: torch cannot read it ({err})"
-                              ) from None
-    if not (isinstance(state, dict) and int(state.get("step", -1)) == int(step)):
-        raise CheckpointError(path, run_dir, f"is not step {step}'s part")
-    return state
+    return _read_state(_step_dir(Path(run_dir), step) / f"part{part}.pt", run_dir, int(step),
+                       "the checkpoint's parts are incomplete", "its checkpoint is of step")
 
 
 def drop_unpublished(run_dir: str | Path, step: int) -> None:
@@ -323,20 +313,28 @@ def load_checkpoint(run_dir: str | Path, identity: dict[str, Any], rank: int = 0
             "use a fresh run directory, or move this one aside to start over")
     check(int(latest.get("world_size", 1)) == world_size, "world size", world_size,
           f"must equal the checkpoint's {latest.get('world_size')} to resume {run_dir}")
-    path = run_dir / CHECKPOINTS / latest["dir"] / f"rank{rank}.pt"
+    return _read_state(run_dir / CHECKPOINTS / latest["dir"] / f"rank{rank}.pt", run_dir,
+                       int(latest["step"]), "the checkpoint directory is incomplete",
+                       "latest.json says")
+
+
+def _read_state(path: Path, run_dir: str | Path, step: int, when_missing: str,
+                step_source: str) -> dict[str, Any]:
+    """One saved state of step ``step`` (a rank's or a part's), or a :class:`CheckpointError`
+    saying what is wrong with the file: missing (``when_missing`` says why that matters),
+    damaged, or of another step (``step_source`` names where ``step`` came from)."""
     if not path.exists():
-        raise CheckpointError(path, run_dir, "is missing (the checkpoint directory is "
-                              "incomplete)")
+        raise CheckpointError(path, run_dir, f"is missing ({when_missing})")
     try:
         state = torch_load(path)
     except Exception as err:  # noqa: BLE001 - torch reports damage as OSError or RuntimeError
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(path, run_dir, f"is damaged: torch cannot read it ({reason}; "
                               f"{path.stat().st_size} bytes)") from None
-    if not (isinstance(state, dict) and int(state.get("step", -1)) == int(latest["step"])):
+    if not (isinstance(state, dict) and int(state.get("step", -1)) == step):
         raise CheckpointError(path, run_dir, f"records step "
                               f"{state.get('step') if isinstance(state, dict) else None}, "
-                              f"latest.json says {latest['step']}")
+                              f"{step_source} {step}")
     return state
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from lmrepro.io import read_json
 from lmrepro.pipeline.analysis import Run
 from lmrepro.results import SUMMARY
 from lmrepro.stats import StatsConfig, noninferiority
@@ -109,3 +110,14 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
              for k, v in row.items()} for row in frame.to_dict(orient="records")]
 
 
+def shown(display: Mapping[str, Mapping[str, str]], name: str, frame: pd.DataFrame
+          ) -> pd.DataFrame:
+    """The columns of table ``name`` a report shows (``display[name]``: column -> registered
+    display name), renamed."""
+    cols = {k: v for k, v in display[name].items() if k in frame.columns}
+    return frame[list(cols)].rename(columns=cols)
+
+
+def read_if_there(path: Path) -> Any:
+    """A study's JSON file (its sweep, its edge check), or None where it was not written."""
+    return read_json(path) if path.exists() else None

@@ -42,7 +42,7 @@ from lmrepro.io import atomic_write_json, read_json
 from lmrepro.results import SUMMARY, prepare_runs_dir, read_summary, seed_dir
 from lmrepro.rgc.config import RGCConfig, RGCScaling, RGCShape, RGCStudyRun, RGCSuite
 from lmrepro.runlock import holds_writer_lock
-from lmrepro.sweep import select_best
+from lmrepro.sweep import beyond_edge, edge_row, on_edge, select_best
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +151,10 @@ class Study:
             rows.append({"run": run.name, "lr": at.lr, "final_bpb": summary.final_bpb,
                          "diverged_at_step": summary.diverged_at_step})
         best = select_best(rows)
-        grids = {run.name: [at.lr for r, at in grid if r.name == run.name] for run in s.runs}
         atomic_write_json(self.stage / "sweep" / SWEEP_JSON, {
             "size": s.verdict_size, "steps": s.verdict_steps, "seed": s.sweep_seed,
             "factors": s.sweep_factors, "rows": rows, "best": best,
-            "on_edge": sorted(r for r, lr in best.items()
-                              if lr in (min(grids[r]), max(grids[r])))})
+            "on_edge": on_edge(rows, best)})
         return best
 
     def edge_check(self) -> dict[str, Any] | None:
@@ -171,9 +169,7 @@ class Study:
         by_name = {r.name: r for r in s.runs}
         beyond: list[tuple[str, RGCStudyRun]] = []
         for name in table["on_edge"]:
-            lrs = sorted(x["lr"] for x in table["rows"] if x["run"] == name)
-            best, ratio = table["best"][name], lrs[1] / lrs[0]
-            lr = float(f"{best * ratio:.3g}" if best >= lrs[-1] else f"{best / ratio:.3g}")
+            lr = beyond_edge(table["rows"], table["best"], name)
             beyond.append((name, by_name[name].model_copy(
                 update={"name": f"{name}@lr{lr:g}", "lr": lr})))
         rows = []
@@ -182,13 +178,8 @@ class Study:
                              [b for _, b in beyond], [s.sweep_seed])
             for (name, at), d in zip(beyond, self.execute(jobs)):
                 got = read_summary(d)
-                grid_bpb = next(x["final_bpb"] for x in table["rows"]
-                                if x["run"] == name and x["lr"] == table["best"][name])
-                rows.append({"run": name, "grid_lr": table["best"][name], "grid_bpb": grid_bpb,
-                             "beyond_lr": at.lr, "beyond_final_bpb": got.final_bpb,
-                             "beyond_diverged_at_step": got.diverged_at_step,
-                             "beyond_is_better": got.final_bpb is not None
-                             and got.final_bpb < grid_bpb})
+                rows.append(edge_row(table["rows"], table["best"], name, at.lr, got.final_bpb,
+                                     got.diverged_at_step))
         out = {"size": table["size"], "steps": table["steps"], "seed": table["seed"],
                "rows": rows}
         atomic_write_json(self.stage / "sweep" / "edge_check.json", out)

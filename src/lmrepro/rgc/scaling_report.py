@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmrepro.io import atomic_write_json, atomic_write_text, read_json
+from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline import length_plots
 from lmrepro.pipeline.analysis import analysis_records, load_run, run_comparisons
 from lmrepro.pipeline.length_study import (LOG2, find_runs, finished_at, losses, paired_test,
-                                           records, trend)
+                                           read_if_there, records, shown, trend)
 from lmrepro.stats import StatsConfig
 
 STAGE = "rgc_scaling"
@@ -116,12 +116,10 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     verdict = (study.verdict_size, study.verdict_steps)
     gaps = gap_table(runs, stats, floor, study.baseline)
     tables = {"runs": runs.drop(columns=["path"]), "gaps": gaps, "trend": trend(gaps)}
-    sweep_path = Path(stage_dir) / "sweep" / "sweep.json"
-    sweep = read_json(sweep_path) if sweep_path.exists() else None
+    sweep = read_if_there(Path(stage_dir) / "sweep" / "sweep.json")
     if sweep is not None:
         tables["sweep"] = pd.DataFrame(sweep["rows"])
-    edge_path = Path(stage_dir) / "sweep" / "edge_check.json"
-    edge = read_json(edge_path) if edge_path.exists() else None
+    edge = read_if_there(Path(stage_dir) / "sweep" / "edge_check.json")
     if edge is not None:
         tables["edge_check"] = pd.DataFrame(edge["rows"])
     for name, frame in tables.items():
@@ -178,8 +176,7 @@ DISPLAY: dict[str, dict[str, str]] = {
 def for_display(name: str, frame: pd.DataFrame) -> pd.DataFrame:
     """The columns of table ``name`` a report shows (:data:`DISPLAY`), renamed to their
     registered names."""
-    cols = {k: v for k, v in DISPLAY[name].items() if k in frame.columns}
-    return frame[list(cols)].rename(columns=cols)
+    return shown(DISPLAY, name, frame)
 
 
 def _pct(x: Any) -> str:

@@ -29,7 +29,6 @@ reuses a run and an interrupted study resumes where it stopped. The analysis is
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ from lmrepro.results import (SUMMARY, prepare_runs_dir, read_summary,
 from lmrepro.scape.config import (ScalingAblation, ScalingStudy, ScapeConfig, ScapeRun,
                                   ScapeSuite)
 from lmrepro.scape.launch import run_scape_suite
-from lmrepro.sweep import select_best
+from lmrepro.sweep import beyond_edge, edge_row, on_edge, select_best
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +126,7 @@ class Study:
         atomic_write_json(self.stage / "sweep" / "sweep.json", {
             "size": s.verdict_size, "steps": steps, "seed": s.sweep_seed,
             "factors": s.sweep_factors, "rows": rows, "best": best,
-            "on_edge": sorted(r for r, lr in best.items()
-                              if _on_edge(lr, [x["lr"] for x in rows if x["run"] == r]))})
+            "on_edge": on_edge(rows, best)})
         return best
 
     def runs_of(self, size: str, best: dict[str, float]) -> list[ScapeRun]:
@@ -177,9 +175,7 @@ class Study:
         by_run = {r.run_name: r for r in s.runs[s.verdict_size]}
         beyond = []
         for name in table["on_edge"]:
-            lrs = sorted(x["lr"] for x in table["rows"] if x["run"] == name)
-            best, ratio = table["best"][name], lrs[1] / lrs[0]
-            lr = float(f"{best * ratio:.3g}" if best >= lrs[-1] else f"{best / ratio:.3g}")
+            lr = beyond_edge(table["rows"], table["best"], name)
             beyond.append(by_run[name].replace(name=f"{name}@lr{lr:.3g}", lr=lr))
         rows = []
         if beyond:
@@ -187,21 +183,12 @@ class Study:
                                self.settings(steps), [s.sweep_seed])
             where = f"{s.verdict_size}/L{steps}/{seed_dir(s.sweep_seed)}"
             for at in beyond:
-                name = at.run_name.split("@")[0]
-                grid_bpb = next(x["final_bpb"] for x in table["rows"]
-                                if x["run"] == name and x["lr"] == table["best"][name])
                 got = _finished(dirs[f"{where}/{at.run_name}"])
-                rows.append({"run": name, "grid_lr": table["best"][name], "grid_bpb": grid_bpb,
-                             "beyond_lr": at.lr, **{f"beyond_{k}": v for k, v in got.items()},
-                             "beyond_is_better": got["final_bpb"] is not None
-                             and got["final_bpb"] < grid_bpb})
+                rows.append(edge_row(table["rows"], table["best"], at.run_name.split("@")[0],
+                                     at.lr, got["final_bpb"], got["diverged_at_step"]))
         out = {"size": table["size"], "steps": steps, "seed": table["seed"], "rows": rows}
         atomic_write_json(self.stage / "sweep" / "edge_check.json", out)
         return out
-
-
-def _on_edge(lr: float, lrs: list[float]) -> bool:
-    return math.isclose(lr, min(lrs)) or math.isclose(lr, max(lrs))
 
 
 def finished(d: Path) -> bool:

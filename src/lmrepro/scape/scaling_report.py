@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmrepro.io import atomic_write_json, atomic_write_text, read_json
+from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline.analysis import Run, analysis_records, load_run, run_comparisons
-from lmrepro.pipeline.length_study import (LOG2, finished_at, find_runs, paired_test, trend)
+from lmrepro.pipeline.length_study import (LOG2, finished_at, find_runs, paired_test,
+                                           read_if_there, shown, trend)
 from lmrepro.pipeline.length_study import losses as _losses
 from lmrepro.pipeline.length_study import records as table_records
 from lmrepro.stats import StatsConfig
@@ -172,9 +173,9 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     sweep = stage_dir_sweep(stage_dir)
     if sweep is not None:
         tables["sweep"] = pd.DataFrame(sweep["rows"])
-    edge = Path(stage_dir) / "sweep" / "edge_check.json"
-    if edge.exists():
-        tables["edge_check"] = pd.DataFrame(read_json(edge)["rows"])
+    edge = read_if_there(Path(stage_dir) / "sweep" / "edge_check.json")
+    if edge is not None:
+        tables["edge_check"] = pd.DataFrame(edge["rows"])
     for name, frame in tables.items():
         atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
     point = runs[(runs.kind == "runs") & (runs["size"] == verdict[0])
@@ -193,8 +194,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
 
 
 def stage_dir_sweep(stage_dir: str | Path) -> dict[str, Any] | None:
-    path = Path(stage_dir) / "sweep" / "sweep.json"
-    return read_json(path) if path.exists() else None
+    return read_if_there(Path(stage_dir) / "sweep" / "sweep.json")
 
 
 def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling",
@@ -351,6 +351,5 @@ DISPLAY: dict[str, dict[str, str]] = {
 def for_display(name: str, frame: pd.DataFrame) -> pd.DataFrame:
     """The columns of table ``name`` a report shows (:data:`DISPLAY`), renamed to their
     registered display names."""
-    cols = {k: v for k, v in DISPLAY[name].items() if k in frame.columns}
-    return frame[list(cols)].rename(columns=cols)
+    return shown(DISPLAY, name, frame)
 
