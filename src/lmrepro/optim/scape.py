@@ -57,61 +57,18 @@ from typing import Any
 
 import torch
 
-from .adams import bias_corrections, check_hyperparameters
-from .comm import (Comm, FlatParams, all_finite, check_density, check_grads, check_max_grad_norm,
-                   check_params, check_same_size, clip_coefficient, keep_count, nonfinite_error,
-                   pack_bits, param_groups, topk_indices, unpacked_indices)
+from .adams import bias_corrections
+from .comm import (Comm, FlatParams, all_finite, check_grads, check_params, check_same_size,
+                   clip_coefficient, keep_count, nonfinite_error, pack_bits, topk_indices,
+                   unpacked_indices)
 from .errors import ParameterError, check
+from .scape_layout import (DECAY_SCOPES, MASK_RULES, Slot, assign_owners, build_layout,
+                           apply_update, checked_groups, density_at, mask_diagnostics)
 
-MASK_RULES = ("ef_momentum", "stale_m")
-DECAY_SCOPES = ("all", "mask")
+__all__ = ["DECAY_SCOPES", "MASK_RULES", "SCAPE", "STATE_FORMAT", "Slot", "assign_owners",
+           "density_at"]
+
 STATE_FORMAT = "lmrepro.SCAPE/2"
-
-
-def density_at(step: int, target: float, dense_steps: int = 0, density_start: float = 1.0,
-               warmup_steps: int = 0) -> float:
-    """The density of step ``step`` (0-based): 1 for the first ``dense_steps`` steps, then linear
-    in density from ``density_start`` to ``target`` over ``warmup_steps`` steps, then ``target``.
-
-    Linear as the authors' stored run logs show (their GPT-345M log drops the density by
-    0.9/10 000 per step from 1); their stored code is geometric,
-    ``s (T/s)^(tau/W)`` (docs/scape.md)."""
-    if step < dense_steps:
-        return 1.0
-    tau = step - dense_steps
-    if warmup_steps > 0 and tau < warmup_steps:
-        return density_start + (target - density_start) * tau / warmup_steps
-    return target
-
-
-def assign_owners(numels: list[int], world: int) -> list[int]:
-    """Owner rank of each tensor: contiguous in order and balanced by numel, as the authors'
-    reducer assigns them (the current owner takes the next tensor; it hands over once it holds
-    ``>= total / world`` coordinates and more tensors than owners remain, or as soon as only as
-    many tensors as owners remain)."""
-    total = sum(numels)
-    owners: list[int] = []
-    owner, count = 0, 0
-    for i, k in enumerate(numels):
-        owners.append(owner)
-        count += k
-        left_tensors, left_owners = len(numels) - i - 1, world - owner - 1
-        if left_owners > 0 and ((count >= total / world and left_tensors > left_owners)
-                                or left_tensors <= left_owners):
-            owner, count = owner + 1, 0
-    return owners
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where one parameter tensor lives in the flat buffer and who chooses its mask."""
-
-    name: str
-    offset: int
-    numel: int
-    group: int
-    excluded: bool          # sent whole every step (1-D with exclude_1d_from_topk)
-    owner: int              # rank choosing its mask (-1 if excluded)
 
 
 @dataclass
@@ -159,36 +116,11 @@ class SCAPE(torch.optim.Optimizer):
                  max_grad_norm: float | None = None, mask_rule: str = "ef_momentum",
                  decay_scope: str = "all", process_group: Any = None) -> None:
         who = "SCAPE"
-        check_hyperparameters(lr, betas, eps, weight_decay, prefix=who)
-        check_density(density, f"{who}.density")
-        check(isinstance(dense_steps, int) and not isinstance(dense_steps, bool)
-              and dense_steps >= 0, f"{who}.dense_steps", dense_steps, "must be an integer >= 0")
-        check_density(density_start, f"{who}.density_start")
-        check(isinstance(density_warmup_steps, int) and not isinstance(density_warmup_steps, bool)
-              and density_warmup_steps >= 0, f"{who}.density_warmup_steps",
-              density_warmup_steps, "must be an integer >= 0")
-        for name, flag in (("exclude_1d_from_topk", exclude_1d_from_topk),
-                           ("bias_correction", bias_correction)):
-            check(isinstance(flag, bool), f"{who}.{name}", flag, "must be True or False")
-        check_max_grad_norm(max_grad_norm, f"{who}.max_grad_norm")
-        check(mask_rule in MASK_RULES, f"{who}.mask_rule", mask_rule,
-              f"must be one of {MASK_RULES}")
-        check(decay_scope in DECAY_SCOPES, f"{who}.decay_scope", decay_scope,
-              f"must be one of {DECAY_SCOPES}")
-        groups = param_groups(params, who)
-        for i, g in enumerate(groups):
-            check_params(g["params"], g["names"], who)
-            glr, gwd = g.get("lr", lr), g.get("weight_decay", weight_decay)
-            check_hyperparameters(glr, betas, eps, gwd, prefix=f"{who}.params[{i}]")
-            for key, default in (("betas", tuple(betas)), ("eps", eps)):
-                if key in g:
-                    check(tuple(g[key]) == default if key == "betas" else g[key] == default,
-                          f"{who}.params[{i}].{key}", g[key],
-                          f"must equal the optimizer's {default!r} (only lr and weight_decay may "
-                          "differ per group)")
-            extra = set(g) - {"params", "names", "lr", "weight_decay", "betas", "eps"}
-            check(not extra, f"{who}.params[{i}]", sorted(extra),
-                  "unknown parameter-group keys (allowed: params, names, lr, weight_decay)")
+        groups = checked_groups(params, lr, betas, eps, weight_decay, density, dense_steps,
+                                density_start, density_warmup_steps,
+                                {"exclude_1d_from_topk": exclude_1d_from_topk,
+                                 "bias_correction": bias_correction},
+                                max_grad_norm, mask_rule, decay_scope)
         all_params = [p for g in groups for p in g["params"]]
         all_names = [n for g in groups for n in g["names"]]
         check_params(all_params, all_names, who)
@@ -197,8 +129,7 @@ class SCAPE(torch.optim.Optimizer):
         super().__init__(groups, defaults)
         self._building = False
 
-        self.density = float(density)
-        self.dense_steps = int(dense_steps)
+        self.density, self.dense_steps = float(density), int(dense_steps)
         self.density_start = float(density_start)
         self.density_warmup_steps = int(density_warmup_steps)
         self.exclude_1d_from_topk = bool(exclude_1d_from_topk)
@@ -210,45 +141,25 @@ class SCAPE(torch.optim.Optimizer):
         self.eps = float(eps)
 
         self.comm = Comm(process_group)
-        self._params = all_params
-        self._names = all_names
+        self._params, self._names = all_params, all_names
         self.device = all_params[0].device
         self.n = sum(p.numel() for p in all_params)
         check(self.n < 2 ** 31, f"{who}.params", f"{self.n} coordinates",
               "must hold fewer than 2**31 coordinates (int32 mask indices)")
         check_same_size(self.comm, [self.n, len(all_params)], self.device, who)
 
-        # layout: group-major flat order; owners over the top-k tensors only
-        slots, off = [], 0
-        for gi, g in enumerate(self.param_groups):
-            for p, name in zip(g["params"], g["names"]):
-                slots.append((name, off, p.numel(), gi,
-                              self.exclude_1d_from_topk and p.dim() <= 1))
-                off += p.numel()
-        sparse_numels = [s[2] for s in slots if not s[4]]
-        owners = iter(assign_owners(sparse_numels, self.comm.world))
-        self.slots = [Slot(n, o, k, gi, ex, -1 if ex else next(owners))
-                      for n, o, k, gi, ex in slots]
-        self.group_bounds = []
-        off = 0
-        for g in self.param_groups:
-            size = sum(p.numel() for p in g["params"])
-            self.group_bounds.append((off, off + size))
-            off += size
-        dev = self.device
-        self._owned = [s for s in self.slots if s.owner == self.comm.rank]
-        self._excluded = [s for s in self.slots if s.excluded]
-        self.n_excluded = sum(s.numel for s in self._excluded)
-        self.n_eligible = self.n - self.n_excluded
-        self._excluded_idx = (torch.cat([torch.arange(s.offset, s.offset + s.numel, device=dev)
-                                         for s in self._excluded])
-                              if self._excluded else torch.zeros(0, dtype=torch.int64, device=dev))
-        self._spans = []
-        for j in range(self.comm.world):
-            mine = [s for s in self.slots if s.owner == j]
-            self._spans.append((mine[0].offset, mine[-1].offset + mine[-1].numel) if mine
-                               else (0, 0))
+        self.layout = layout = build_layout(self.param_groups, self.exclude_1d_from_topk,
+                                            self.comm.world, self.device)
+        self.slots, self.group_bounds = layout.slots, layout.group_bounds
+        self._owned = layout.owned_by(self.comm.rank)
+        self._spans, self._excluded_idx = layout.spans, layout.excluded_idx
+        self.n_excluded, self.n_eligible = layout.n_excluded, self.n - layout.n_excluded
+        self._allocate_state(all_params)
 
+    def _allocate_state(self, all_params: list[torch.Tensor]) -> None:
+        """The flat parameters (broadcast from rank 0), ``m``, the residual, the workspaces and
+        the mask bookkeeping."""
+        dev = self.device
         self.flat = FlatParams(all_params)
         self.comm.broadcast_(self.flat.flat)
         f32 = torch.float32
@@ -292,20 +203,11 @@ class SCAPE(torch.optim.Optimizer):
 
     def kept(self, density: float) -> list[int]:
         """Coordinates selected per owner rank at ``density`` (excluded tensors not counted)."""
-        out = [0] * self.comm.world
-        for s in self.slots:
-            if s.owner >= 0:
-                out[s.owner] += keep_count(density, s.numel)
-        return out
+        return self.layout.kept(density)
 
     def mask_encoding(self, density: float) -> tuple[str, int]:
-        """``("index", int32 entries)`` or ``("bitmap", bytes)`` per rank, whichever hands in
-        fewer bytes (the largest rank's size: the all-gather pads to it)."""
-        idx_bytes = 4 * max(self.kept(density))
-        bit_bytes = max(-(-(hi - lo) // 8) for lo, hi in self._spans)
-        if idx_bytes <= bit_bytes:
-            return "index", max(self.kept(density))
-        return "bitmap", bit_bytes
+        """How a mask of ``density`` travels: :meth:`.scape_layout.Layout.mask_encoding`."""
+        return self.layout.mask_encoding(density)
 
     def expected_bytes(self, step: int) -> dict[str, int]:
         """Analytic hand-in bytes of step ``step`` once running (not a bootstrap step)."""
@@ -414,22 +316,55 @@ class SCAPE(torch.optim.Optimizer):
                 loss = closure()
         check_grads(self._params, self._names, "SCAPE")
         self.flat.check_still_bound("SCAPE")
-        comm, world = self.comm, self.comm.world
-        b1, b2 = self.betas
         t = self._step
         d_now, d_next = self.density_of_step(t), self.density_of_step(t + 1)
-        comm.begin_step()
+        self.comm.begin_step()
         info: dict[str, Any] = {}
+        c, finite = self._corrected_momentum()                          # 1.
+        idx, s, nxt = self._exchange(c, finite, d_now, d_next, info)    # 2., 3. (6. launched)
+        s, u = self._direction(s, idx, t, info)                         # 4.
+        self._keep(idx, s, c)                                           # m, and r = c off M_t
+        if idx is None:
+            self.last_in.fill_(t)
+        else:
+            info.update(mask_diagnostics(idx, u, t, self.last_in, self.n_excluded))
+        self._apply_update(idx, u)                                      # 5. every coordinate
+        if self.mask_rule == "stale_m" and d_next < 1.0:
+            nxt = self._launch_mask(self.m, d_next, async_op=True)
+        self._pending = nxt
+        if idx is not None:
+            self.ever.index_fill_(0, idx, True)
+            self._sparse_steps += 1
+            if d_now == self.density:
+                self.ever_at_target.index_fill_(0, idx, True)
+                self._target_steps += 1
+        info["density"] = (self.n if idx is None else idx.numel()) / self.n
+        self.last_step_info = info
+        self._step += 1
+        self.comm.end_step()
+        return loss
 
+    def _corrected_momentum(self) -> tuple[torch.Tensor, bool]:
+        """``c = b1 m + (1 - b1) g + r`` (``stale_m``: ``g + r``, gradient units) in the workspace,
+        and whether this rank's gradient is finite."""
+        b1 = self.betas[0]
         g = self.flat.gather_grads(self._g)
         finite = all_finite(g)
         c = self._c
-        if self.mask_rule == "ef_momentum":         # 1. c = b1 m + (1 - b1) g + r
+        if self.mask_rule == "ef_momentum":
             torch.mul(self.m, b1, out=c).add_(g, alpha=1.0 - b1).add_(self.residual)
-        else:                                       # stale_m: a = g + r (gradient units)
+        else:
             torch.add(g, self.residual, out=c)
+        return c, finite
+
+    def _exchange(self, c: torch.Tensor, finite: bool, d_now: float, d_next: float,
+                  info: dict[str, Any]
+                  ) -> tuple[torch.Tensor | None, torch.Tensor, _Pending | None]:
+        """``M_t`` (waiting for its all-gather), the one all-reduce of ``c`` on it, and the next
+        mask launched while the payload travels: ``(M_t or None when dense, the mean of c on
+        M_t, the next mask in flight)``. Raises when any rank's gradient was not finite."""
         t0 = time.perf_counter()
-        idx = self._current_mask(d_now, c)          # 2. M_t (waits for its all-gather)
+        idx = self._current_mask(d_now, c)
         info["mask_wait_s"] = time.perf_counter() - t0
         k = self.n if idx is None else idx.numel()
         buf = self._payload[:k + 1]
@@ -438,9 +373,9 @@ class SCAPE(torch.optim.Optimizer):
         else:
             torch.index_select(c, 0, idx, out=buf[:k])
         buf[k] = 0.0 if finite else 1.0
-        work = comm.all_reduce_(buf, "grad_values", async_op=True)   # 3. the one collective
+        work = self.comm.all_reduce_(buf, "grad_values", async_op=True)
         nxt = None
-        if self.mask_rule == "ef_momentum" and d_next < 1.0:         # 6. overlaps the payload
+        if self.mask_rule == "ef_momentum" and d_next < 1.0:     # overlaps the payload
             nxt = self._launch_mask(c, d_next, async_op=True)
         t0 = time.perf_counter()
         if work is not None:
@@ -451,11 +386,17 @@ class SCAPE(torch.optim.Optimizer):
             if nxt is not None:
                 self._decode(nxt)
             self._pending = _Pending(density=d_now, idx=idx) if idx is not None else None
-            raise nonfinite_error("SCAPE", self._params, self._names, bad, comm)
+            raise nonfinite_error("SCAPE", self._params, self._names, bad, self.comm)
+        world = self.comm.world
+        return idx, (buf[:k] if world == 1 else buf[:k].div(world)), nxt
 
-        s = buf[:k] if world == 1 else buf[:k].div(world)
+    def _direction(self, s: torch.Tensor, idx: torch.Tensor | None, t: int,
+                   info: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """From the synced ``s`` on ``M_t``: the gradient rebuilt and clipped, then
+        ``(m_t, u)`` with ``u = m_t bc1 / (sqrt(v_t) bc2 + eps)`` (the step is ``lr u``)."""
+        b1, b2 = self.betas
         m_prev = self.m if idx is None else self.m.index_select(0, idx)
-        if self.mask_rule == "ef_momentum":         # 4. the synced gradient from the one buffer
+        if self.mask_rule == "ef_momentum":         # the synced gradient from the one buffer
             gt = (s - b1 * m_prev) / (1.0 - b1)
         else:
             gt = s
@@ -470,11 +411,13 @@ class SCAPE(torch.optim.Optimizer):
         v = b2 * m_prev.square() + (1.0 - b2) * gt.square()
         bc1, bc2 = bias_corrections(t + 1, b1, b2, self.bias_correction)
         if bc1 == 1.0 and bc2 == 1.0:
-            u = s / (v.sqrt() + self.eps)
-        else:
-            u = (s * bc1) / (v.sqrt() * bc2 + self.eps)
+            return s, s / (v.sqrt() + self.eps)
+        return s, (s * bc1) / (v.sqrt() * bc2 + self.eps)
 
-        if idx is None:                             # m: the synced value on M_t, 0 off it
+    def _keep(self, idx: torch.Tensor | None, s: torch.Tensor, c: torch.Tensor) -> None:
+        """``m``: the synced value on ``M_t``, 0 off it; the residual: ``c`` with ``M_t`` zeroed
+        (the workspace and the residual swap, no copy)."""
+        if idx is None:
             self.m.copy_(s)
             self.residual.zero_()
         else:
@@ -484,80 +427,16 @@ class SCAPE(torch.optim.Optimizer):
                 else:
                     self.m.index_fill_(0, self._support, 0.0)
             self.m.index_copy_(0, idx, s)
-            c.index_fill_(0, idx, 0.0)              # r = c with M_t zeroed
+            c.index_fill_(0, idx, 0.0)
             self._c, self.residual = self.residual, c
         self._support = idx if self.mask_rule == "ef_momentum" else None
 
-        if idx is None:
-            self.last_in.fill_(t)
-        else:
-            info.update(self._mask_diagnostics(idx, u, t))
-        self._apply_update(idx, u)                  # 5. every coordinate
-        if self.mask_rule == "stale_m" and d_next < 1.0:
-            nxt = self._launch_mask(self.m, d_next, async_op=True)
-        self._pending = nxt
-        if idx is not None:
-            self.ever.index_fill_(0, idx, True)
-            self._sparse_steps += 1
-            if d_now == self.density:
-                self.ever_at_target.index_fill_(0, idx, True)
-                self._target_steps += 1
-        info["density"] = k / self.n
-        self.last_step_info = info
-        self._step += 1
-        comm.end_step()
-        return loss
-
-    def _mask_diagnostics(self, idx: torch.Tensor, u: torch.Tensor, t: int
-                          ) -> dict[str, float | None]:
-        """How the mask of step ``t`` relates to the previous one, over the top-k tensors only:
-        the fraction of its coordinates kept from step ``t - 1``, and for those that (re-)enter
-        it, how many steps they were out and the size of their normalised step ``|u|`` (the step
-        is ``lr |u|``) beside that of the coordinates that stayed. Reads only: the numbers of the
-        step do not depend on it."""
-        n_top = idx.numel() - self.n_excluded        # idx: the owners' parts, then the excluded
-        top, ut = idx[:n_top], u[:n_top].abs()
-        last = self.last_in.index_select(0, top)
-        stay = last == t - 1
-        enter = ~stay
-        back = enter & (last >= 0)
-        out: dict[str, float | None] = {"mask_kept": float(stay.float().mean()) if n_top else 0.0,
-                                 "mask_new": float((last < 0).float().mean()) if n_top else 0.0}
-        out["step_stay"] = float(ut[stay].mean()) if bool(stay.any()) else None
-        out["step_enter"] = float(ut[enter].mean()) if bool(enter.any()) else None
-        out["reentry_gap"] = (float((t - last[back]).float().mean()) if bool(back.any())
-                              else None)
-        self.last_in.index_fill_(0, top, t)
-        if self.n_excluded:
-            self.last_in.index_fill_(0, idx[n_top:], t)
-        return out
-
     def _apply_update(self, idx: torch.Tensor | None, u: torch.Tensor) -> None:
-        """``p <- p (1 - lr wd) - lr u`` per group (``u`` on ``idx``, or everywhere); with
-        ``decay_scope="mask"`` (an ablation) the decay hits only the coordinates of ``idx``."""
-        p = self.master
-        lrs = [float(g["lr"]) for g in self.param_groups]
-        for g, (lo, hi), lr in zip(self.param_groups, self.group_bounds, lrs):
-            wd = float(g["weight_decay"])
-            if lr * wd == 0.0:
-                continue
-            if self.decay_scope == "all" or idx is None:
-                p[lo:hi].mul_(1.0 - lr * wd)
-            else:
-                sel = idx[(idx >= lo) & (idx < hi)]
-                p.index_copy_(0, sel, p.index_select(0, sel) * (1.0 - lr * wd))
-        if idx is None:
-            for (lo, hi), lr in zip(self.group_bounds, lrs):
-                p[lo:hi].add_(u[lo:hi], alpha=-lr)
-        elif len(set(lrs)) == 1:
-            p.index_add_(0, idx, u, alpha=-lrs[0])
-        else:
-            bounds = torch.tensor([hi for _, hi in self.group_bounds[:-1]], device=idx.device)
-            per = torch.tensor(lrs, dtype=u.dtype, device=u.device)[
-                torch.bucketize(idx, bounds, right=True)]
-            p.index_add_(0, idx, u * per, alpha=-1.0)
-        if p is not self.flat.flat:
-            self.flat.flat.copy_(p)
+        """``p <- p (1 - lr wd) - lr u`` (:func:`.scape_layout.apply_update`) on the master copy,
+        then into the parameters."""
+        apply_update(self.master, self.param_groups, self.group_bounds, idx, u, self.decay_scope)
+        if self.master is not self.flat.flat:
+            self.flat.flat.copy_(self.master)
 
     # -- checkpointing -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
