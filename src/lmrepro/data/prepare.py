@@ -89,68 +89,87 @@ def prepare_corpus(raw: str | os.PathLike | Sequence[tuple[str, str | os.PathLik
     required; without ``test`` the val file is cut in two: val = its first ``n // 2`` bytes,
     test = the rest. Cuts are at byte positions (as for enwik8), not document boundaries.
     """
-    out = Path(out_dir)
     pfx = f"{param_prefix}." if param_prefix else ""
     check(split_bytes is None or split_fractions is None, f"{pfx}split_bytes", split_bytes,
           "give split_bytes or split_fractions, not both")
-    # plan: split -> (path, offset, length)
-    plan: dict[str, tuple[Path, int, int]] = {}
     if isinstance(raw, (str, os.PathLike)):
-        path = _existing(raw, "raw_path")
-        n = path.stat().st_size
-        if split_bytes is not None:
-            check(valid_split_bytes(split_bytes), f"{pfx}split_bytes", split_bytes,
-                  SPLIT_BYTES_RULE)
-            check(sum(split_bytes) <= n, f"{pfx}split_bytes", list(split_bytes),
-                  f"needs {sum(split_bytes)} bytes but {path} has {n}")
-            sizes = tuple(split_bytes)
-            rule: dict[str, Any] = {"kind": "bytes", "split_bytes": list(split_bytes)}
-        else:
-            fractions = tuple(split_fractions) if split_fractions is not None \
-                else DEFAULT_SPLIT_FRACTIONS
-            sizes = split_sizes_from_fractions(n, fractions, f"{pfx}split_fractions")
-            rule = {"kind": "fractions", "split_fractions": list(fractions),
-                    "note": "train, val = floor(f*n); test = the rest"}
-        offset = 0
-        for split, size in zip(SPLITS, sizes):
-            plan[split] = (path, offset, size)
-            offset += size
+        plan, rule = _plan_one_file(_existing(raw, "raw_path"), split_bytes, split_fractions, pfx)
     else:
         check(split_bytes is None and split_fractions is None, f"{pfx}split_fractions",
               split_fractions if split_fractions is not None else split_bytes,
               "must be unset when each split comes from its own file")
-        pairs = list(raw)
-        files: dict[str, Path] = {}
-        for i, item in enumerate(pairs):
-            check(isinstance(item, (tuple, list)) and len(item) == 2, f"raw[{i}]", item,
-                  "must be a (split, path) pair")
-            split, p = item
-            check_split(split, f"raw[{i}].split")
-            check(split not in files, f"raw[{i}].split", split, "is given twice")
-            files[split] = _existing(p, f"raw[{i}].path")
-        for need in ("train", "val"):
-            check(need in files, "raw", [s for s, _ in pairs],
-                  f"must include a {need!r} file (and optionally 'test')")
-        plan["train"] = (files["train"], 0, files["train"].stat().st_size)
-        n_val_file = files["val"].stat().st_size
-        if "test" in files:
-            plan["val"] = (files["val"], 0, n_val_file)
-            plan["test"] = (files["test"], 0, files["test"].stat().st_size)
-            rule = {"kind": "files", "note": "one file per split"}
-        else:
-            half = n_val_file // 2
-            plan["val"] = (files["val"], 0, half)
-            plan["test"] = (files["val"], half, n_val_file - half)
-            rule = {"kind": "files", "note": "val = first n//2 bytes of the val file, "
-                                             "test = the rest"}
+        plan, rule = _plan_files(list(raw))
     for split, (_, _, size) in plan.items():
         check(size > 0, f"{pfx}split", split, "would be empty; the corpus is too small for the "
                                                "split rule")
+    return _write_splits(plan, rule, Path(out_dir), source)
 
+
+#: split -> (file, offset, length) of its bytes
+Plan = dict[str, tuple[Path, int, int]]
+
+
+def _plan_one_file(path: Path, split_bytes: Sequence[int] | None,
+                   split_fractions: Sequence[float] | None, pfx: str
+                   ) -> tuple[Plan, dict[str, Any]]:
+    """One file cut in order into train/val/test, and the rule recorded in the manifest."""
+    n = path.stat().st_size
+    if split_bytes is not None:
+        check(valid_split_bytes(split_bytes), f"{pfx}split_bytes", split_bytes,
+              SPLIT_BYTES_RULE)
+        check(sum(split_bytes) <= n, f"{pfx}split_bytes", list(split_bytes),
+              f"needs {sum(split_bytes)} bytes but {path} has {n}")
+        sizes = tuple(split_bytes)
+        rule: dict[str, Any] = {"kind": "bytes", "split_bytes": list(split_bytes)}
+    else:
+        fractions = (tuple(split_fractions) if split_fractions is not None
+                     else DEFAULT_SPLIT_FRACTIONS)
+        sizes = split_sizes_from_fractions(n, fractions, f"{pfx}split_fractions")
+        rule = {"kind": "fractions", "split_fractions": list(fractions),
+                "note": "train, val = floor(f*n); test = the rest"}
+    plan: Plan = {}
+    offset = 0
+    for split, size in zip(SPLITS, sizes):
+        plan[split] = (path, offset, size)
+        offset += size
+    return plan, rule
+
+
+def _plan_files(pairs: list[Any]) -> tuple[Plan, dict[str, Any]]:
+    """One file per split from ``(split, path)`` pairs (without ``test``: the val file is cut in
+    two), and the rule recorded in the manifest."""
+    files: dict[str, Path] = {}
+    for i, item in enumerate(pairs):
+        check(isinstance(item, (tuple, list)) and len(item) == 2, f"raw[{i}]", item,
+              "must be a (split, path) pair")
+        split, p = item
+        check_split(split, f"raw[{i}].split")
+        check(split not in files, f"raw[{i}].split", split, "is given twice")
+        files[split] = _existing(p, f"raw[{i}].path")
+    for need in ("train", "val"):
+        check(need in files, "raw", [s for s, _ in pairs],
+              f"must include a {need!r} file (and optionally 'test')")
+    plan: Plan = {"train": (files["train"], 0, files["train"].stat().st_size)}
+    n_val_file = files["val"].stat().st_size
+    if "test" in files:
+        plan["val"] = (files["val"], 0, n_val_file)
+        plan["test"] = (files["test"], 0, files["test"].stat().st_size)
+        return plan, {"kind": "files", "note": "one file per split"}
+    half = n_val_file // 2
+    plan["val"] = (files["val"], 0, half)
+    plan["test"] = (files["val"], half, n_val_file - half)
+    return plan, {"kind": "files",
+                  "note": "val = first n//2 bytes of the val file, test = the rest"}
+
+
+def _write_splits(plan: Plan, rule: dict[str, Any], out: Path,
+                  source: dict[str, Any] | None) -> dict[str, Any]:
+    """Copy each split's bytes to ``out/<split>.bin``, then write the manifest (last: the folder
+    is incomplete until it lands)."""
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / MANIFEST
     if manifest_path.exists():
-        manifest_path.unlink()  # the directory is incomplete until the new manifest lands
+        manifest_path.unlink()
     entries: dict[str, dict[str, Any]] = {}
     raws: dict[str, str] = {}
     for split, (path, offset, size) in plan.items():

@@ -34,6 +34,8 @@ from lmrepro.data.prepare import FORMAT as MANIFEST_FORMAT
 from lmrepro.errors import ParameterError, check
 from lmrepro.io import atomic_write_json, atomic_write_text, read_json, sha256_file
 from lmrepro.pipeline import registry
+from lmrepro.pipeline.citation import (bibtex_entry, plain_citation, read_citation,
+                                       reference_bibtex, reference_citations)
 from lmrepro.pipeline.registry import parameter_count
 from lmrepro.pipeline.provenance import (PACKAGES, git_info, git_remote_url, machine_info,
                                          package_versions)
@@ -103,146 +105,6 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def _sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-# --------------------------------------------------------------------------------------------
-# Citation
-# --------------------------------------------------------------------------------------------
-
-def read_citation(path: str | os.PathLike) -> dict[str, Any]:
-    """``CITATION.cff`` parsed with YAML (a mapping with at least ``title`` and ``authors``)."""
-    path = Path(path)
-    check(path.is_file(), "citation_path", str(path), "must be an existing CITATION.cff")
-    try:
-        cff = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ParameterError("citation_path", str(path), f"must be valid YAML ({exc})") from exc
-    check(isinstance(cff, dict) and "title" in cff and cff.get("authors"), "citation_path",
-          str(path), "must be a CITATION.cff mapping with 'title' and 'authors'")
-    return cff
-
-
-def _person_plain(a: dict[str, Any]) -> str:
-    if "family-names" in a:
-        return " ".join(x for x in (a.get("given-names"), a.get("name-particle"),
-                                    a["family-names"]) if x)
-    return str(a.get("name", "Anonymous"))
-
-
-def _person_bibtex(a: dict[str, Any]) -> str:
-    if "family-names" in a:
-        family = " ".join(x for x in (a.get("name-particle"), a["family-names"]) if x)
-        given = a.get("given-names")
-        return f"{family}, {given}" if given else family
-    return "{" + str(a.get("name", "Anonymous")) + "}"  # an entity: keep its name whole
-
-
-def _bibtex_escape(text: str) -> str:
-    return re.sub(r"([&%$#_])", r"\\\1", str(text))
-
-
-def _year(cff: dict[str, Any]) -> str | None:
-    date = cff.get("date-released")
-    if date is None:
-        return None
-    return str(date)[:4]
-
-
-def bibtex_entry(cff: dict[str, Any], *, url: str | None = None,
-                 commit: str | None = None) -> str:
-    """A BibTeX ``@software`` entry for the software described by ``cff``: its repository URL
-    (``url``, else ``repository-code`` / ``url`` of ``cff``) and the ``commit`` it was run at."""
-    year = _year(cff)
-    first = re.sub(r"[^a-z0-9]", "", str(cff["title"]).split(":")[0].lower()) or "software"
-    url = url or cff.get("repository-code") or cff.get("url")
-    fields = [
-        ("author", " and ".join(_person_bibtex(a) for a in cff["authors"])),
-        ("title", "{" + _bibtex_escape(cff["title"]) + "}"),  # braces keep the capitals
-        ("version", _bibtex_escape(cff.get("version") or "")),
-        ("year", year),
-        ("license", _bibtex_escape(cff.get("license") or "")),
-        ("url", url),
-        ("doi", cff.get("doi")),
-        ("note", f"git commit {commit}" if commit else None),
-    ]
-    body = ",\n".join(f"  {k} = {{{v}}}" for k, v in fields if v)
-    return f"@software{{{first}{year or ''},\n{body}\n}}"
-
-
-_UNKNOWN_AUTHORS = re.compile(r"^\s*(unknown|authors of)\b", re.IGNORECASE)
-
-
-def _authors_known(ref: dict[str, Any]) -> bool:
-    """False when the reference names no person and no real entity (e.g. ``name: Authors of
-    the RGC paper``, ``name: unknown``): its authors are unknown to us."""
-    authors = ref.get("authors") or []
-    return bool(authors) and not all("family-names" not in a
-                                     and _UNKNOWN_AUTHORS.match(str(a.get("name", "")))
-                                     for a in authors)
-
-
-def reference_bibtex(ref: dict[str, Any]) -> str:
-    """A BibTeX ``@misc`` entry of a work under ``references:`` of ``CITATION.cff``: authors,
-    title, year, the arXiv identifier as ``eprint``, the URL and the reference's notes. Authors,
-    year or identifier that the file does not know are left out and the note says so (nothing
-    is made up)."""
-    known = _authors_known(ref)
-    first = next((a["family-names"] for a in ref.get("authors") or [] if "family-names" in a),
-                 None) if known else None
-    word = re.sub(r"[^a-z0-9]", "", str(ref.get("title", "")).split()[0].lower()) or "work"
-    year = str(ref["year"]) if ref.get("year") else None
-    key = "".join(re.sub(r"[^a-z0-9]", "", x.lower()) for x in (first or "", year or "")) + word
-    arxiv = next((str(i["value"]).removeprefix("arXiv:") for i in ref.get("identifiers") or []
-                  if str(i.get("value", "")).startswith("arXiv:")), None)
-    missing = [what for what, have in (("authors", known), ("year", year),
-                                       ("identifier", arxiv or ref.get("doi"))) if not have]
-    notes = " ".join(str(ref.get("notes", "")).split())
-    if missing:
-        notes = (f"{', '.join(missing).capitalize()} unknown to the lmrepro authors. "
-                 + notes).strip()
-    fields = [
-        ("author", " and ".join(_person_bibtex(a) for a in ref["authors"]) if known else None),
-        ("title", "{" + _bibtex_escape(ref.get("title", "")) + "}"),
-        ("year", year),
-        ("eprint", arxiv), ("archivePrefix", "arXiv" if arxiv else None),
-        ("doi", ref.get("doi")),
-        ("url", ref.get("url")),
-        ("note", _bibtex_escape(notes) if notes else None),
-    ]
-    body = ",\n".join(f"  {k} = {{{v}}}" for k, v in fields if v)
-    return f"@misc{{{key},\n{body}\n}}"
-
-
-def plain_citation(cff: dict[str, Any]) -> str:
-    """``Authors (Year). Title (Version v) [Computer software]. License. URL``."""
-    authors = ", ".join(_person_plain(a) for a in cff["authors"])
-    year = _year(cff)
-    text = f"{authors}" + (f" ({year})" if year else "") + f". {cff['title']}"
-    if cff.get("version"):
-        text += f" (Version {cff['version']})"
-    text += " [Computer software]."
-    if cff.get("license"):
-        text += f" License: {cff['license']}."
-    url = cff.get("url") or cff.get("repository-code")
-    if url:
-        text += f" {url}"
-    return text
-
-
-def reference_citations(cff: dict[str, Any]) -> list[str]:
-    """Plain citations of the works listed under ``references:`` (the reproduced papers)."""
-    out = []
-    for ref in cff.get("references") or []:
-        authors = ", ".join(_person_plain(a) for a in ref.get("authors") or [])
-        text = f"{authors}" + (f" ({ref['year']})" if ref.get("year") else "")
-        text += f". {ref.get('title', '')}."
-        ids = [i.get("value") for i in ref.get("identifiers") or [] if i.get("value")]
-        if ids:
-            text += " " + ", ".join(str(i) for i in ids) + "."
-        if ref.get("url"):
-            text += f" {ref['url']}"
-        out.append(text.strip())
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -509,6 +371,35 @@ def _analysis_n_params(paths: Sequence[Path]) -> dict[str, int]:
     return out
 
 
+def _read_params(path: Path) -> tuple[str, Any]:
+    """``params.yaml``'s text and its parsed content."""
+    check(path.is_file(), "params_path", str(path), "must be an existing params.yaml")
+    text = path.read_text(encoding="utf-8")
+    try:
+        return text, yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ParameterError("params_path", str(path), f"must be valid YAML ({exc})") from exc
+
+
+def _report_rows(reports: Sequence[Path], out_dir: Path) -> list[dict[str, Any]]:
+    """One row per rendered report: link relative to the index, title, its stage's wall time."""
+    durations = stage_durations(reports)
+    rows = []
+    for p in reports:
+        rel = os.path.relpath(p, out_dir).replace(os.sep, "/")
+        rows.append({"href": urllib.parse.quote(rel), "file": rel, "title": report_title(p),
+                     "duration_s": durations[p.name]})
+    return rows
+
+
+def _citation_block(cff: dict[str, Any], url: str | None, commit: str | None) -> dict[str, Any]:
+    """How to cite: the software (at ``url`` and ``commit``) and the works it reproduces."""
+    return {"title": str(cff["title"]), "version": cff.get("version"), "url": url,
+            "bibtex": bibtex_entry(cff, url=url, commit=commit), "plain": plain_citation(cff),
+            "references": reference_citations(cff),
+            "references_bibtex": [reference_bibtex(r) for r in cff.get("references") or []]}
+
+
 def build_index(reports_dir: str | os.PathLike, params_path: str | os.PathLike,
                 manifests: Sequence[str | os.PathLike], citation_path: str | os.PathLike,
                 out: str | os.PathLike = "reports/index.html", *,
@@ -544,14 +435,7 @@ def build_index(reports_dir: str | os.PathLike, params_path: str | os.PathLike,
     reports_dir, out = Path(reports_dir), Path(out)
     check(reports_dir.is_dir(), "reports_dir", str(reports_dir), "must be an existing folder")
     params_path = Path(params_path)
-    check(params_path.is_file(), "params_path", str(params_path),
-          "must be an existing params.yaml")
-    params_text = params_path.read_text(encoding="utf-8")
-    try:
-        params = yaml.safe_load(params_text)
-    except yaml.YAMLError as exc:
-        raise ParameterError("params_path", str(params_path),
-                             f"must be valid YAML ({exc})") from exc
+    params_text, params = _read_params(params_path)
     cff = read_citation(citation_path)
     data_rows = [row for m in manifests for row in read_manifest(m)]
     claims = _read_claims(Path(claims_csv) if claims_csv else None)
@@ -561,8 +445,6 @@ def build_index(reports_dir: str | os.PathLike, params_path: str | os.PathLike,
     repo = Path(repo_dir) if repo_dir is not None else Path.cwd()
     git = git_info(repo)
     url = cff.get("repository-code") or cff.get("url") or git_remote_url(repo)
-    reports = list_reports(reports_dir, exclude=[out])
-    durations = stage_durations(reports)
     out_dir = out.parent if str(out.parent) else Path(".")
     machine = machine_info()
     stamp = (now or _dt.datetime.now(_dt.UTC)).isoformat(timespec="seconds")
@@ -580,17 +462,9 @@ def build_index(reports_dir: str | os.PathLike, params_path: str | os.PathLike,
                     for f in result_files if Path(f).is_file()],
         "versions": package_versions(),
         "machine": machine,
-        "reports": [{"href": urllib.parse.quote(os.path.relpath(p, out_dir).replace(os.sep, "/")),
-                     "file": os.path.relpath(p, out_dir).replace(os.sep, "/"),
-                     "title": report_title(p), "duration_s": durations[p.name]}
-                    for p in reports],
+        "reports": _report_rows(list_reports(reports_dir, exclude=[out]), out_dir),
         "claims": None if claims is None else json.loads(claims.to_json(orient="records")),
-        "citation": {"title": str(cff["title"]), "version": cff.get("version"), "url": url,
-                     "bibtex": bibtex_entry(cff, url=url, commit=commit),
-                     "plain": plain_citation(cff),
-                     "references": reference_citations(cff),
-                     "references_bibtex": [reference_bibtex(r)
-                                           for r in cff.get("references") or []]},
+        "citation": _citation_block(cff, url, commit),
     }
     atomic_write_json(out_dir / PROVENANCE, _jsonable(prov))
     atomic_write_text(out, render_index(prov, claims, forest))
