@@ -46,3 +46,32 @@ def test_the_shared_parts_name_no_method() -> None:
         found = [n.value for n in ast.walk(ast.parse(path.read_text()))
                  if isinstance(n, ast.Constant) and n.value in names]
         assert not found, f"{path.name} names {found}"
+
+
+def _summary(method: str, details: dict) -> dict:
+    return {"name": "r", "method": method, "corpus": "c", "seed": 0, "steps": 1, "tokens": 1,
+            "final_bpb": 3.0, "tokens_per_s": 1.0, "mean_step_time_s": 1.0, "train_time_s": 1.0,
+            "peak_rss_bytes": 1, "n_params": 1, "processes": 1, "threads": 1,
+            "details": details}
+
+
+def test_a_summary_reads_its_details_as_its_wing_declares_them() -> None:
+    from pydantic import ValidationError
+
+    from lmrepro.results import RunDetails, RunSummary
+    from lmrepro.rgc.details import RGCDetails
+    from lmrepro.scape.details import ScapeDetails
+    s = RunSummary.model_validate(_summary("scape", {"lr": 0.002, "final_coverage": 0.5,
+                                                     "written_by_an_older_version": 1}))
+    assert isinstance(s.details, ScapeDetails) and s.details.lr == 0.002
+    assert s.details.final_test_bpb is None                  # declared, not set
+    # written back: exactly the facts the trainer set, older keys kept
+    assert s.to_json()["details"] == {"lr": 0.002, "final_coverage": 0.5,
+                                      "written_by_an_older_version": 1}
+    r = RunSummary.model_validate(_summary("rgc", {"horizon": 2, "placement": [[0, 1], [2, 3]]}))
+    assert isinstance(r.details, RGCDetails) and r.details.horizon == 2
+    b = RunSummary.model_validate(_summary("backprop", {"final_test_bpb": 2.5}))
+    assert type(b.details) is RunDetails and b.details.final_test_bpb == 2.5
+    assert RGCDetails.of(b).horizon is None                  # read as another wing's class
+    with pytest.raises(ValidationError, match="horizon"):
+        RunSummary.model_validate(_summary("rgc", {"horizon": "two"}))

@@ -106,7 +106,7 @@ def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
                                                                 "backprop")])
     for key, d in out.items():
         s = read_summary(d)
-        assert s.details["final_test_bpb"] is not None and (d / "eval_losses_test.json").exists()
+        assert s.details.final_test_bpb is not None and (d / "eval_losses_test.json").exists()
         if key.startswith("a/L4/"):
             assert s.config["lr"] == sweep["best"][key.split("/")[2]]
         assert s.config["consensus_staleness"] == (1 if "stale1" in key else 0)

@@ -157,7 +157,7 @@ def test_a_tiny_study_runs_resumes_and_is_analysed(tmp_path: Path) -> None:
 
     s = read_summary(stage / "runs/a/L6/seed0/scape90")
     assert s.config["settings"]["density_warmup_steps"] == round(0.1 * 6)
-    assert s.details["final_test_bpb"] is not None
+    assert s.details.final_test_bpb is not None
     before = {k: (v / "summary.json").stat().st_mtime_ns for k, v in dirs.items()}
     again = run_study(suite, None, tmp_path / "prepared", stage)   # type: ignore[arg-type]
     assert {k: (v / "summary.json").stat().st_mtime_ns for k, v in again.items()} == before

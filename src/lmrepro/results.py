@@ -31,9 +31,11 @@ import logging
 import math
 import shutil
 from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError,
+                      field_serializer, model_validator)
 
 from lmrepro.config import config_error
 from lmrepro.errors import ParameterError, check
@@ -60,6 +62,43 @@ def __getattr__(name: str) -> Any:
     if name == "Method":
         return importlib.import_module("lmrepro.wings").Method
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class RunDetails(BaseModel):
+    """A run's trainer-specific facts (``RunSummary.details``). Each wing declares a subclass
+    with the facts its trainers record and registers it for its methods
+    (:func:`register_details`); a summary is read into the class of its method. The fields here
+    are the ones shared code reads. Facts a class does not declare are kept (runs written by
+    older versions), and only the facts a trainer set are written back."""
+
+    model_config = ConfigDict(extra="allow")
+
+    final_test_bpb: float | None = None   # the final model on the test split (where scored)
+    mean_density: float | None = None     # fraction of coordinates sent, over the sparse steps
+
+    @classmethod
+    def of(cls, summary: RunSummary) -> Self:
+        """``summary``'s details read as this class (whatever class it was read into)."""
+        d = summary.details
+        return d if isinstance(d, cls) else cls.model_validate(d.model_dump(exclude_unset=True))
+
+
+#: method -> its details class (filled by the wings)
+DETAILS_MODELS: dict[str, type[RunDetails]] = {}
+
+
+def register_details(methods: Iterable[str], model: type[RunDetails]) -> None:
+    """Read the details of ``methods``' runs as ``model`` (a wing's registration)."""
+    for m in methods:
+        key = str(getattr(m, "value", m))
+        check(DETAILS_MODELS.get(key, model) is model, "details model", key,
+              f"is registered twice ({DETAILS_MODELS.get(key)} and {model})")
+        DETAILS_MODELS[key] = model
+
+
+def details_model(method: Any) -> type[RunDetails]:
+    """The details class registered for ``method`` (:class:`RunDetails` if none)."""
+    return DETAILS_MODELS.get(str(getattr(method, "value", method)), RunDetails)
 
 
 class RunSummary(BaseModel):
@@ -106,8 +145,20 @@ class RunSummary(BaseModel):
     sparsity: float | None = None                     # SCAPE / top-k
     bytes_per_step: dict[str, float] | None = None    # mean over steps, by kind (BYTE_KINDS)
     bytes_per_step_after_step0: dict[str, float] | None = None
-    details: dict[str, Any] = Field(default_factory=dict)   # trainer-specific facts
+    details: SerializeAsAny[RunDetails] = Field(default_factory=RunDetails)  # per wing
     config: dict[str, Any] = Field(default_factory=dict)    # the run's full configuration
+
+    @model_validator(mode="before")
+    @classmethod
+    def _details_of_the_method(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("details"), dict):
+            data = {**data, "details": details_model(data.get("method")).model_validate(
+                data["details"])}
+        return data
+
+    @field_serializer("details")
+    def _facts_set(self, details: RunDetails) -> dict[str, Any]:
+        return details.model_dump(mode="json", exclude_unset=True)
 
     @model_validator(mode="after")
     def _diverged_or_measured(self) -> RunSummary:

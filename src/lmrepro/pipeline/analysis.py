@@ -102,8 +102,8 @@ def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAUL
         resources=resource_comparisons(loaded, cores),
         runs=[RunRecord(name=r.name, role=r.role, scale=run_scale(r),
                         configuration=config_label(r),
-                        final_test_bpb=r.summary.details.get("final_test_bpb"),
-                        mean_density=r.summary.details.get("mean_density"),
+                        final_test_bpb=r.summary.details.final_test_bpb,
+                        mean_density=r.summary.details.mean_density,
                         loss_spikes=loss_spikes(r.metrics),
                         **r.summary.model_dump(include=keys - {"name"}))
               for r in loaded.values()])

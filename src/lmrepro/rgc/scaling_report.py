@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmrepro.rgc.details import RGCDetails
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline import length_plots
 from lmrepro.pipeline.analysis import analysis_records, load_run, run_comparisons
@@ -41,11 +42,12 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
     for rel, path in find_runs(Path(stage_dir) / "runs").items():
         size, length, name, seed = rel.split("/")[-4:]
         s = load_run(rel, path).summary
+        d = RGCDetails.of(s)
         rows.append({"kind": "runs", "size": size, "steps": int(length.removeprefix("L")),
                      "run": name, "seed": int(seed.removeprefix("seed")),
                      "executor": s.executor, "consensus_staleness":
-                     s.details.get("consensus_staleness"), "lr": s.config.get("lr"),
-                     "val_bpb": s.final_bpb, "test_bpb": s.details.get("final_test_bpb"),
+                     d.consensus_staleness, "lr": s.config.get("lr"),
+                     "val_bpb": s.final_bpb, "test_bpb": d.final_test_bpb,
                      "diverged_at_step": s.diverged_at_step,
                      "finished_at": finished_at(Path(path)), "path": str(path)})
     return pd.DataFrame(rows, columns=RUN_COLUMNS)

@@ -11,6 +11,8 @@ from lmrepro.pipeline.registry import (Report, Role, parameter_count, register_c
                                        register_pairings, register_records, register_report,
                                        register_roles, register_section, register_stage,
                                        register_tables)
+from lmrepro.results import register_details
+from lmrepro.rgc.details import RGCDetails
 from lmrepro.rgc.roles import METHOD_RGC, ROLE_BACKPROP, ROLE_RGC_ASYNC, ROLE_RGC_SYNC
 
 WING = "rgc"
@@ -23,6 +25,7 @@ register_stage("rgc", ROLE_BACKPROP, None)
 register_section(WING, "rgc", "lmrepro.rgc.config:RGCSuite",
                  lambda s: [(f"rgc.corpora[{i}]", c) for i, c in enumerate(s.corpora)])
 register_claims(WING, "lmrepro.rgc.claims")
+register_details([METHOD_RGC], RGCDetails)
 register_tables(WING, "lmrepro.rgc.columns")
 # the training-length study (lmrepro rgc-scaling): its verdict point feeds the claims
 register_records("rgc_scaling")

@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from lmrepro.scape.details import ScapeDetails
 from lmrepro.io import atomic_write_text, read_json, read_jsonl
 from lmrepro.results import METRICS, collect_runs, read_summary
 
@@ -75,22 +76,22 @@ def method_table(loaded: Sequence[dict[str, Any]]) -> pd.DataFrame:
                                                          kv[0][1])):
         ss = [r["summary"] for r in rs]
         ok = [s["final_bpb"] for s in ss if s["final_bpb"] is not None]
-        d = [s["details"] for s in ss]
+        d = [ScapeDetails.model_validate(s.get("details") or {}) for s in ss]
         rows.append({
             "configuration": _config(ss[0]), "method": method, "sparsity": sparsity,
-            "seeds": len(ss), "lr": ", ".join(sorted({f"{x.get('lr', float('nan')):g}"
-                                                      for x in d})),
+            "seeds": len(ss),
+            "lr": ", ".join(sorted({f"{x.lr if x.lr is not None else float('nan'):g}" for x in d})),
             "final bits/byte": _mean_sd(ok),
             "diverged": sum(s["diverged_at_step"] is not None for s in ss),
-            "mean density sent": _mean_sd([x["mean_density"] for x in d
-                                           if x.get("mean_density") is not None]),
-            "final coverage": _mean_sd([x["final_coverage"] for x in d
-                                        if x.get("final_coverage") is not None]),
+            "mean density sent": _mean_sd([x.mean_density for x in d
+                                           if x.mean_density is not None]),
+            "final coverage": _mean_sd([x.final_coverage for x in d
+                                        if x.final_coverage is not None]),
             "coverage at target density": _mean_sd(
-                [x["final_coverage_at_target"] for x in d
-                 if x.get("final_coverage_at_target") is not None]),
-            "max residual norm": _mean_sd([x["max_residual_norm"] for x in d
-                                           if x.get("max_residual_norm") is not None]),
+                [x.final_coverage_at_target for x in d
+                 if x.final_coverage_at_target is not None]),
+            "max residual norm": _mean_sd([x.max_residual_norm for x in d
+                                           if x.max_residual_norm is not None]),
         })
     return pd.DataFrame(rows)
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmrepro.scape.details import ScapeDetails
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline.analysis import Run, analysis_records, load_run, run_comparisons
 from lmrepro.pipeline.length_study import (LOG2, finished_at, find_runs, paired_test,
@@ -50,11 +51,12 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
             size, length, seed, name = parts[-4], parts[-3], parts[-2], parts[-1]
             run = load_run(rel, path)
             s = run.summary
+            d = ScapeDetails.of(s)
             rows.append({"kind": kind, "size": size, "steps": int(length.removeprefix("L")),
                          "seed": int(seed.removeprefix("seed")), "run": name,
                          "method": s.method, "sparsity": s.sparsity or 0.0,
-                         "lr": s.details.get("lr"), "val_bpb": s.final_bpb,
-                         "test_bpb": s.details.get("final_test_bpb"),
+                         "lr": d.lr, "val_bpb": s.final_bpb,
+                         "test_bpb": d.final_test_bpb,
                          "diverged_at_step": s.diverged_at_step,
                          "finished_at": finished_at(Path(path)), "path": str(path)})
     return pd.DataFrame(rows, columns=RUN_COLUMNS)

@@ -11,8 +11,10 @@ from lmrepro.pipeline.registry import (Report, Role, parameter_count, register_c
                                        register_pairings, register_records, register_report,
                                        register_roles, register_section, register_stage,
                                        register_tables)
+from lmrepro.results import register_details
+from lmrepro.scape.details import ScapeDetails
 from lmrepro.scape.roles import (ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_SCAPE_STALE_M,
-                                 ROLE_TOPK, ROLE_TOPK_ADAMW, SPARSE)
+                                 ROLE_TOPK, ROLE_TOPK_ADAMW, SPARSE, ScapeMethod)
 
 WING = "scape"
 
@@ -30,6 +32,7 @@ register_records("scaling")
 register_section(WING, "scape", "lmrepro.scape.config:ScapeSuite",
                  lambda s: [("scape.corpus", s.corpus)])
 register_claims(WING, "lmrepro.scape.claims")
+register_details(list(ScapeMethod), ScapeDetails)
 register_tables(WING, "lmrepro.scape.columns")
 
 

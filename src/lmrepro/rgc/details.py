@@ -1,0 +1,24 @@
+"""The facts an RGC-suite run records beyond the common run record (``RunSummary.details``),
+registered for method ``rgc`` by :mod:`lmrepro.rgc.wing`; the suite's backprop runs record the
+same (their RGC-only facts ``None``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmrepro.results import RunDetails
+
+
+class RGCDetails(RunDetails):
+    """Written by :func:`lmrepro.rgc.common.summary_fields` and ``finish``."""
+
+    threads_per_process: list[int] | None = None
+    placement: list[list[int]] | None = None      # stages of each process
+    horizon: int | None = None                    # RGC's local horizon H
+    consensus_staleness: int | None = None        # decoder consensus applied s steps late
+    cores_declared: int | None = None
+    machine_cores: int | None = None
+    oversubscribed: bool | None = None            # more threads than the machine's cores
+    memory_processes: int | None = None           # processes of the measured tree
+    worker_runtimes_memory: dict[str, int] | None = None   # async: the workers' bare runtimes
+    memory_exact: dict[str, Any] | None = None    # per-process high-water marks (VmHWM)

@@ -1,0 +1,22 @@
+"""The facts a SCAPE-suite run records beyond the common run record (``RunSummary.details``),
+registered for the wing's methods by :mod:`lmrepro.scape.wing`."""
+
+from __future__ import annotations
+
+from lmrepro.results import RunDetails
+
+
+class ScapeDetails(RunDetails):
+    """Written by :mod:`lmrepro.scape.trainer` (``None``: does not apply to the run's method)."""
+
+    peak_rss_bytes_per_rank: list[int] | None = None
+    device: str | None = None
+    backend: str | None = None                 # torch.distributed backend (gloo, nccl)
+    batch_size_per_worker: int | None = None
+    lr: float | None = None                    # the learning rate the run trained at
+    mask_rule: str | None = None               # SCAPE's (ef_momentum, or the stale_m ablation)
+    decay_scope: str | None = None             # SCAPE's weight decay: all coordinates or the mask
+    topk_inner: str | None = None              # top-k + EF: its inner optimizer
+    final_coverage: float | None = None        # sparse methods: coordinates ever selected
+    final_coverage_at_target: float | None = None   # the same over the steps at the target
+    max_residual_norm: float | None = None     # error-feedback residual, gradient units
