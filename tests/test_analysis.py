@@ -602,3 +602,16 @@ def test_bytes_plot_leaves_out_a_kind_no_run_sends(tmp_path: Path) -> None:
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["gradient values", "mask"]
     assert ax.get_legend() is None
     assert {"4 MB", "200 kB", "20 kB"} <= {t.get_text() for t in ax.texts}   # bars labelled
+
+
+def test_an_rgc_label_shows_its_horizon_and_staleness(tmp_path: Path) -> None:
+    lock = make_run(tmp_path, "lock", "rgc", executor="sync",
+                    details={"horizon": 2, "consensus_staleness": 0})
+    stale = make_run(tmp_path, "stale", "rgc", executor="async",
+                     details={"horizon": 1, "consensus_staleness": 1})
+    older = make_run(tmp_path, "older", "rgc", executor="async")   # recorded neither
+    bp = make_run(tmp_path, "bp", "backprop", details={"horizon": None})
+    assert A.config_label(A.load_run("x", lock)) == "rgc-sync H=2 s=0"
+    assert A.config_label(A.load_run("x", stale)) == "rgc-async H=1 s=1"
+    assert A.config_label(A.load_run("x", older)) == "rgc-async"
+    assert A.config_label(A.load_run("x", bp)) == "backprop"

@@ -33,7 +33,9 @@ class Role:
     """What a run is in the analysis: ``name`` (e.g. ``rgc_async``), the summary's ``method`` and
     ``executors`` it stands for (None: a summary without one), whether its processes are
     data-parallel replicas (their count is the world size), whether it is a sparse-communication
-    method (its label shows the sparsity) and whether its label shows the executor."""
+    method (its label shows the sparsity), whether its label shows the executor, and which of
+    the run's details it shows (``label_details``: ``(short name, details attribute)`` pairs,
+    e.g. ``("H", "horizon")`` gives ``H=2``; a detail the run did not record is left out)."""
 
     name: str
     method: str
@@ -41,6 +43,7 @@ class Role:
     data_parallel: bool = False
     sparse: bool = False
     label_executor: bool = False
+    label_details: tuple[tuple[str, str], ...] = ()
     wing: str = ""
 
 

@@ -156,14 +156,18 @@ def learning_rate(run: Run) -> float | None:
 
 
 def config_label(run: Run, with_lr: bool = False) -> str:
-    """A configuration in words: method, RGC executor, sparsity, data-parallel workers (and the
-    learning rate when ``with_lr``: where one method ran at several, e.g. a sweep)."""
+    """A configuration in words: method, RGC executor, sparsity, the details its role shows
+    (RGC's horizon and staleness), data-parallel workers (and the learning rate when
+    ``with_lr``: where one method ran at several, e.g. a sweep)."""
     label = run.summary.method
     role = registry.role(run.role)
     if role.label_executor and run.summary.executor is not None:
         label += "-" + run.summary.executor
     if role.sparse and run.summary.sparsity is not None:
         label += f"@{run.summary.sparsity:.0%}"
+    for short, attr in role.label_details:
+        if (value := getattr(run.summary.details, attr, None)) is not None:
+            label += f" {short}={value}"
     if run.world_size is not None:
         label += f" p={run.world_size}"
     if with_lr and (lr := learning_rate(run)) is not None:

@@ -17,8 +17,12 @@ from lmrepro.rgc.roles import METHOD_RGC, ROLE_BACKPROP, ROLE_RGC_ASYNC, ROLE_RG
 
 WING = "rgc"
 
-register_roles(WING, Role(ROLE_RGC_ASYNC, METHOD_RGC, executors=("async",), label_executor=True),
-               Role(ROLE_RGC_SYNC, METHOD_RGC, executors=("sync",), label_executor=True))
+# labels show the horizon H and the consensus staleness s (RGCDetails)
+LABEL_DETAILS = (("H", "horizon"), ("s", "consensus_staleness"))
+register_roles(WING, Role(ROLE_RGC_ASYNC, METHOD_RGC, executors=("async",), label_executor=True,
+                          label_details=LABEL_DETAILS),
+               Role(ROLE_RGC_SYNC, METHOD_RGC, executors=("sync",), label_executor=True,
+                    label_details=LABEL_DETAILS))
 # docs/statistics.md: "... and RGC vs global backprop"
 register_pairings(WING, ((ROLE_RGC_ASYNC, ROLE_BACKPROP), (ROLE_RGC_SYNC, ROLE_BACKPROP)))
 register_stage("rgc", ROLE_BACKPROP, None)
