@@ -108,8 +108,10 @@ def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
         s = read_summary(d)
         assert s.details.final_test_bpb is not None and (d / "eval_losses_test.json").exists()
         if key.startswith("a/L4/"):
-            assert s.config["lr"] == sweep["best"][key.split("/")[2]]
-        assert s.config["consensus_staleness"] == (1 if "stale1" in key else 0)
+            assert s.config["settings"]["lr"] == sweep["best"][key.split("/")[2]]
+        assert s.config["settings"]["consensus_staleness"] == (1 if "stale1" in key else 0)
+        assert set(s.config) == {"model", "settings"}       # every trainer's layout
+        assert "n_layers" in s.config["model"] and "n_layers" not in s.config["settings"]
     # staleness changes what is learned (the decoder's updates arrive a step late)
     a = json.loads((out["a/L4/rgc/seed0"] / "eval_losses.json").read_text())["losses"]
     b = json.loads((out["a/L4/rgc_stale1/seed0"] / "eval_losses.json").read_text())["losses"]
@@ -124,7 +126,8 @@ def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
     out2 = scaling_stage(changed, prepared, tmp_path / "st")
     for key in ("a/L2/rgc/seed0", "a/L4/rgc_stale1/seed1"):
         assert (out2[key] / "summary.json").stat().st_mtime_ns == before[key]
-    assert read_summary(out2["a/L2/backprop/seed0"]).config["lr"] in (0.00025, 0.0005, 0.001)
+    lr = read_summary(out2["a/L2/backprop/seed0"]).config["settings"]["lr"]
+    assert lr in (0.00025, 0.0005, 0.001)
     assert list((tmp_path / "st" / "runs" / "a" / "L2").glob("backprop.stale-*"))
     assert not list((tmp_path / "st" / "runs" / "a" / "L2").glob("rgc.stale-*"))
 

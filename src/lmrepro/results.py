@@ -172,6 +172,12 @@ class RunSummary(BaseModel):
         return json.loads(self.model_dump_json())
 
 
+def run_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``settings`` part of a run's ``config`` (``{model, settings[, run]}``; RGC runs written
+    before that layout kept their configuration flat: the whole)."""
+    return config.get("settings", config)
+
+
 def step_time_std(records: list[dict]) -> float | None:
     """Sample standard deviation of the logged ``step_time_s`` (None with fewer than 2)."""
     times = [float(r["step_time_s"]) for r in records if "step_time_s" in r]

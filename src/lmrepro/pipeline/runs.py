@@ -27,7 +27,7 @@ from lmrepro.errors import check
 from lmrepro.io import read_json, read_jsonl
 from lmrepro.pipeline import registry
 from lmrepro.results import (EVAL_LOSSES, EVAL_LOSSES_TEST, METRICS, SUMMARY, RunSummary,
-                             read_summary)
+                             read_summary, run_settings)
 
 GIB = float(1 << 30)
 
@@ -150,8 +150,7 @@ def run_scale(run: Run) -> str:
 
 def learning_rate(run: Run) -> float | None:
     """The peak learning rate in the run's configuration (``settings.lr`` or ``lr``)."""
-    config = run.summary.config
-    lr = (config.get("settings") or {}).get("lr", config.get("lr"))
+    lr = run_settings(run.summary.config).get("lr")
     return float(lr) if isinstance(lr, (int, float)) else None
 
 

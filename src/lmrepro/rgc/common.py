@@ -324,5 +324,13 @@ def summary_fields(cfg: RGCConfig, spec: RunSpec, eval_losses: list[float], peak
                     # model or data existed in them (their torch runtimes, gloo included)
                     "worker_runtimes_memory": worker_runtimes.to_dict()
                     if worker_runtimes is not None else None},
-        "config": cfg.to_dict(),
+        "config": run_config(cfg),
     }
+
+
+def run_config(cfg: RGCConfig) -> dict[str, Any]:
+    """The summary's ``config`` in every trainer's layout: ``model`` (the model's shape) and
+    ``settings`` (the rest of the RGC configuration)."""
+    model = cfg.model_shape().to_dict()
+    return {"model": model,
+            "settings": {k: v for k, v in cfg.to_dict().items() if k not in model}}

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmrepro.results import run_settings
 from lmrepro.rgc.details import RGCDetails
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline import length_plots
@@ -46,7 +47,7 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
         rows.append({"kind": "runs", "size": size, "steps": int(length.removeprefix("L")),
                      "run": name, "seed": int(seed.removeprefix("seed")),
                      "executor": s.executor, "consensus_staleness":
-                     d.consensus_staleness, "lr": s.config.get("lr"),
+                     d.consensus_staleness, "lr": run_settings(s.config).get("lr"),
                      "val_bpb": s.final_bpb, "test_bpb": d.final_test_bpb,
                      "diverged_at_step": s.diverged_at_step,
                      "finished_at": finished_at(Path(path)), "path": str(path)})
