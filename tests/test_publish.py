@@ -4,6 +4,7 @@ published (never typed)."""
 from __future__ import annotations
 
 import json
+import shutil
 import math
 from pathlib import Path
 
@@ -143,3 +144,21 @@ def test_the_readme_shows_what_is_published() -> None:
     manifest = json.loads((published / P.MANIFEST).read_text())
     for rel, entry in manifest["files"].items():
         assert sha256_file(published / rel) == entry["sha256"], rel
+
+
+def test_the_section_says_how_long_the_stages_ran(tmp_path: Path) -> None:
+    pub = tmp_path / "pub"
+    (pub / "reports").mkdir(parents=True)
+    (pub / "results/analysis").mkdir(parents=True)
+    shutil.copy(ROOT / "published/reference/results/analysis/claims.csv",
+                pub / "results/analysis/claims.csv")
+    prov = {"git": {"commit": "a" * 40, "dirty": False}, "machine": {"usable_cores": 2},
+            "reports": [{"file": "a.html", "duration_s": 600.0},
+                        {"file": "b.html", "duration_s": 1200.4},
+                        {"file": "c.html", "duration_s": None}]}
+    (pub / "reports/provenance.json").write_text(json.dumps(prov))
+    text = P.results_section(pub)
+    assert "Its 2 rendered stages ran 30 minutes (1800 s) in total" in text
+    prov["reports"] = [{"file": "c.html", "duration_s": None}]
+    (pub / "reports/provenance.json").write_text(json.dumps(prov))
+    assert "rendered stages ran" not in P.results_section(pub)

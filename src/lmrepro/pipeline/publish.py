@@ -191,6 +191,7 @@ def results_section(published: str | os.PathLike, link_base: str = "published/re
         f"[{link_base}/reports/index.html]({link_base}/reports/index.html); the figures below "
         f"come from [{link_base}/results/analysis/claims.csv]"
         f"({link_base}/results/analysis/claims.csv).",
+        *_stage_time(prov),
         "",
         str(prov.get("scale", "")),
         "",
@@ -203,6 +204,17 @@ def results_section(published: str | os.PathLike, link_base: str = "published/re
         table_markdown(claims, GLANCE_COLUMNS).rstrip("\n"),
     ]
     return f"{BEGIN}\n" + "\n".join(lines) + f"\n{END}\n"
+
+
+def _stage_time(prov: dict[str, Any]) -> list[str]:
+    """The sentence on how long the run's reported stages took (from their rendered notebooks'
+    papermill records), or nothing when none is recorded."""
+    times = [r["duration_s"] for r in prov.get("reports") or [] if r.get("duration_s")]
+    if not times:
+        return []
+    total = sum(times)
+    return [f"Its {len(times)} rendered stages ran {total / 60:.0f} minutes ({total:.0f} s) in "
+            "total (the stages' own clocks; the pipeline's other steps are minutes more)."]
 
 
 def stale_claims(claims: Any) -> str:
