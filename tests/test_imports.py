@@ -155,3 +155,23 @@ def test_dependencies_point_downwards_from_the_wings() -> None:
     across = sorted((short(a), short(b), sorted(m)) for (a, b), m in unit_graph().items()
                     if a in WINGS and b in WINGS)
     assert not across, f"a wing imports another: {across}"
+
+
+def test_a_scape_worker_loads_no_other_wing() -> None:
+    """The launcher's worker entry (``python -m lmrepro.scape.cli``) imports neither the RGC or
+    baseline wing nor the pipeline: every torchrun worker pays only for what it runs."""
+    import subprocess
+    import sys
+
+    from lmrepro.scape.launch import ENTRY
+
+    code = ("import runpy, sys; sys.argv = ['x', '--help']\n"
+            f"try: runpy.run_module({ENTRY[1]!r}, run_name='__main__')\n"
+            "except SystemExit: pass\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('lmrepro'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split("\n")[-2].split()
+    assert "lmrepro.scape.config" in out
+    loaded = [m for m in out if m.startswith(("lmrepro.rgc", "lmrepro.baseline",
+                                                  "lmrepro.pipeline", "lmrepro.wings"))]
+    assert not loaded, loaded

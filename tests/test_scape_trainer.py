@@ -232,7 +232,7 @@ def test_cli_flags_and_launch_helpers(tmp_path, monkeypatch):
                                                     "1.5"]))
     cmd = launch.torchrun_command(2, ["--x"], nnodes=2, node_rank=1, rdzv_endpoint="h:29500")
     assert cmd[cmd.index("--rdzv-endpoint") + 1] == "h:29500" and "--standalone" not in cmd
-    assert "train-scape" in cmd and cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert "lmrepro.scape.cli" in cmd and cmd[cmd.index("--nproc-per-node") + 1] == "2"
 
     suite = ScapeSuite(world_size=3, steps=5, batch_size=2, lr=0.01, warmup_steps=0, corpus="x",
                        runs=[ScapeRun(name="a", optimizer="adamw"),

@@ -21,11 +21,8 @@ traceback is not repeated); any other failure keeps its full traceback.
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
-from lmrepro.data import DataError
-from lmrepro.errors import ParameterError
+from lmrepro.entry import execute, notebook_error
 
 
 def _add_params_args(p: argparse.ArgumentParser) -> None:
@@ -75,37 +72,12 @@ def _cmd_notebook(args: argparse.Namespace) -> int:
     try:
         html = run_notebook(args.notebook, args.reports, parameters)
     except Exception as err:
-        clean = _notebook_error(err)
+        clean = notebook_error(err)
         if clean is None:
             raise
         raise clean from None
     print(html)
     return 0
-
-
-# errors whose message is the whole story: reported as one message, without a traceback
-BAD_INPUT = frozenset({"ParameterError", "ConfigError", "ParamsFileError", "CheckpointError",
-                       "RunDirectoryBusy"})
-FAILURE = frozenset({"DiskFullError", "NonFiniteError", "DamagedFileError", "DataError",
-                     "IntegrityError", "SourceUnavailableError"})
-
-
-class NotebookError(RuntimeError):
-    """A notebook stopped on one of our own errors: ``status`` is that error's exit status."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _notebook_error(err: BaseException) -> NotebookError | None:
-    """The :class:`NotebookError` for papermill's report of a cell that raised one of our own
-    errors (by class name: the error was raised in the kernel), else None."""
-    ename = getattr(err, "ename", None)
-    if ename not in BAD_INPUT | FAILURE:
-        return None
-    evalue = str(getattr(err, "evalue", "")).strip()
-    return NotebookError(f"{ename}: {evalue}", 2 if ename in BAD_INPUT else 1)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -186,29 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from lmrepro.io import DamagedFileError, DiskFullError, NonFiniteError
+    return execute(build_parser().parse_args(argv))
 
-    try:
-        return int(args.func(args) or 0)
-    except ParameterError as err:
-        print(f"lmrepro: error: {err}", file=sys.stderr)
-        return 2
-    except NotebookError as err:
-        print(f"lmrepro: error: {args.notebook} failed: {err}", file=sys.stderr)
-        return err.status
-    except DiskFullError as err:    # before FileNotFoundError: both are OSError
-        print(f"lmrepro: error: {err}", file=sys.stderr)
-        return 1
-    except FileNotFoundError as err:
-        print(f"lmrepro: error: {err}", file=sys.stderr)
-        return 2
-    except DataError as err:
-        print(f"lmrepro: data error: {err}", file=sys.stderr)
-        return 1
-    except (NonFiniteError, DamagedFileError) as err:
-        print(f"lmrepro: error: {err}", file=sys.stderr)
-        return 1
+

@@ -78,6 +78,20 @@ def run_scaling(args: argparse.Namespace) -> int:
     return 0
 
 
+def worker_main(argv: list[str] | None = None) -> int:
+    """``python -m lmrepro.scape.cli ARGS``: the ``train-scape`` worker without the rest of the
+    ``lmrepro`` command (the launcher's entry: a worker loads no other wing), with the same
+    flags, errors and exit statuses."""
+    from lmrepro.entry import execute
+
+    p = argparse.ArgumentParser(prog="python -m lmrepro.scape.cli",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_run_arguments(p)
+    p.set_defaults(func=run)
+    return execute(p.parse_args(argv))
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``train-scape`` to the ``lmrepro`` command."""
     p = subparsers.add_parser("train-scape", help="one torchrun worker of a SCAPE / baseline run",
@@ -90,3 +104,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--profile", default=None, help="profile in params.yaml (e.g. scaling)")
     p.add_argument("--out", default="results/scaling", help="the study's stage directory")
     p.set_defaults(func=run_scaling)
+
+
+if __name__ == "__main__":
+    raise SystemExit(worker_main())

@@ -36,8 +36,9 @@ class LaunchError(RuntimeError):
     """torchrun exited with a non-zero status; the message carries the log's tail."""
 
 
-# the worker program: the project CLI's train-scape subcommand
-ENTRY = ("-m", "lmrepro", "train-scape")
+# the worker program: train-scape's own entry (lmrepro.scape.cli), the same flags as `lmrepro
+# train-scape` without loading the other wings into every worker
+ENTRY = ("-m", "lmrepro.scape.cli")
 
 
 def torchrun_command(nproc: int, worker_args: Sequence[str], *, nnodes: int = 1,
