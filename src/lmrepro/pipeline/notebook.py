@@ -92,9 +92,16 @@ def report_header(notebook: Path, nb: Any, parameters: dict[str, Any], cwd: Path
         parameters=dict(parameters))
 
 
+#: the longest one cell may run: a published profile's training cell runs up to 120 minutes on a
+#: quiet 2-core machine, and more beside other work (the reference profile's SCAPE sweep and
+#: suite, 34 minutes quiet, passed 60 with tests running beside it); hangs are caught sooner by
+#: the trainers' own timeouts (scape.timeout_s, rgc.worker_timeout_s)
+CELL_TIMEOUT_S = 4 * 3600
+
+
 def run_notebook(notebook: str | Path, reports_dir: str | Path = "reports",
                  parameters: dict[str, Any] | None = None, cwd: str | Path | None = None,
-                 timeout_s: int = 3600) -> Path:
+                 timeout_s: int = CELL_TIMEOUT_S) -> Path:
     """Execute ``notebook`` with ``parameters``; return the path of the rendered HTML."""
     import nbformat
     import papermill
