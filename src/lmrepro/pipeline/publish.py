@@ -214,7 +214,9 @@ def _stage_time(prov: dict[str, Any]) -> list[str]:
         return []
     total = sum(times)
     return [f"Its {len(times)} rendered stages ran {total / 60:.0f} minutes ({total:.0f} s) in "
-            "total (the stages' own clocks; the pipeline's other steps are minutes more)."]
+            "total (each stage's last invocation by its own clock: a stage resumed after an "
+            "interruption counts only what it ran after the resume; the pipeline's other steps "
+            "are minutes more)."]
 
 
 def stale_claims(claims: Any) -> str:
