@@ -73,5 +73,9 @@ def test_a_summary_reads_its_details_as_its_wing_declares_them() -> None:
     b = RunSummary.model_validate(_summary("backprop", {"final_test_bpb": 2.5}))
     assert type(b.details) is RunDetails and b.details.final_test_bpb == 2.5
     assert RGCDetails.of(b).horizon is None                  # read as another wing's class
+    # a summary read as JSON (the reports' runs): the same reading
+    assert RGCDetails.of(r.to_json()).placement == [[0, 1], [2, 3]]
+    assert ScapeDetails.of(_summary("scape", {"lr": 0.004})).lr == 0.004
+    assert RGCDetails.of({"name": "no details"}).horizon is None
     with pytest.raises(ValidationError, match="horizon"):
         RunSummary.model_validate(_summary("rgc", {"horizon": "two"}))

@@ -30,8 +30,8 @@ import json
 import logging
 import math
 import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Any, Self
 
 from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError,
@@ -77,10 +77,14 @@ class RunDetails(BaseModel):
     mean_density: float | None = None     # fraction of coordinates sent, over the sparse steps
 
     @classmethod
-    def of(cls, summary: RunSummary) -> Self:
-        """``summary``'s details read as this class (whatever class it was read into)."""
-        d = summary.details
-        return d if isinstance(d, cls) else cls.model_validate(d.model_dump(exclude_unset=True))
+    def of(cls, summary: RunSummary | Mapping[str, Any]) -> Self:
+        """``summary``'s details read as this class: a :class:`RunSummary` (whatever class its
+        details were read into) or a summary as a mapping (``summary.json`` read as JSON)."""
+        d = summary.details if isinstance(summary, RunSummary) else summary.get("details") or {}
+        if isinstance(d, cls):
+            return d
+        return cls.model_validate(d.model_dump(exclude_unset=True)
+                                  if isinstance(d, RunDetails) else d)
 
 
 #: method -> its details class (filled by the wings)

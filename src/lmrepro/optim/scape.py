@@ -62,8 +62,8 @@ from .comm import (Comm, FlatParams, all_finite, check_grads, check_params, chec
                    clip_coefficient, keep_count, nonfinite_error, pack_bits, topk_indices,
                    unpacked_indices)
 from .errors import ParameterError, check
-from .scape_layout import (DECAY_SCOPES, MASK_RULES, Slot, assign_owners, build_layout,
-                           apply_update, checked_groups, density_at, mask_diagnostics)
+from .scape_layout import (DECAY_SCOPES, MASK_RULES, Slot, apply_update, assign_owners,
+                           build_layout, checked_groups, density_at, mask_diagnostics)
 
 __all__ = ["DECAY_SCOPES", "MASK_RULES", "SCAPE", "STATE_FORMAT", "Slot", "assign_owners",
            "density_at"]

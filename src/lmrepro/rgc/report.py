@@ -21,9 +21,9 @@ from typing import Any
 
 import pandas as pd
 
-from lmrepro.rgc.details import RGCDetails
 from lmrepro.errors import check
 from lmrepro.results import read_run
+from lmrepro.rgc.details import RGCDetails
 
 GIB = 2**30
 
@@ -48,9 +48,9 @@ def memory_split(candidate: Mapping[str, Any], baseline: Mapping[str, Any]) -> d
               "idle torch process)")
         check(s["peak_pss_bytes"] > 0, f"{name}.peak_pss_bytes", s["peak_pss_bytes"],
               "must be > 0")
-    dc = RGCDetails.model_validate(candidate.get("details") or {})
+    dc = RGCDetails.of(candidate)
     procs_c = int(dc.memory_processes or 1 + int(candidate.get("processes", 1)))
-    procs_b = int(RGCDetails.model_validate(baseline.get("details") or {}).memory_processes or 1)
+    procs_b = int(RGCDetails.of(baseline).memory_processes or 1)
     extra = candidate["peak_pss_bytes"] - baseline["peak_pss_bytes"]
     idle = max(0, procs_c - procs_b) * int(candidate["idle_torch_process"]["uss"])
     started = (dc.worker_runtimes_memory or {}).get("pss")
@@ -138,8 +138,7 @@ def lockstep_check(runs: Mapping[str, Mapping[str, Any]]) -> tuple[pd.DataFrame,
                          float(table["max |difference| (nats)"].max()) if len(table) else None,
                      "final bpb async": s["final_bpb"],
                      "final bpb sync": sync["summary"]["final_bpb"],
-                     "consensus_staleness":
-                         RGCDetails.model_validate(s.get("details") or {}).consensus_staleness})
+                     "consensus_staleness": RGCDetails.of(s).consensus_staleness})
     df = pd.DataFrame(rows)
     if df.empty:
         return df, "No pair of async and sync runs of the same corpus and seed to compare."
@@ -170,7 +169,7 @@ def placement_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     process, total threads, the machine's cores and whether the run was oversubscribed."""
     rows = []
     for name, s in runs.items():
-        d = RGCDetails.model_validate(s.get("details") or {})
+        d = RGCDetails.of(s)
         rows.append({"run": name, "executor": s.get("executor"),
                      "processes": s.get("processes"),
                      "stages per process": d.placement,

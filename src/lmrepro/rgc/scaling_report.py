@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmrepro.results import run_settings
-from lmrepro.rgc.details import RGCDetails
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline import length_plots
 from lmrepro.pipeline.analysis import analysis_records, load_run, run_comparisons
 from lmrepro.pipeline.length_study import (LOG2, find_runs, finished_at, losses, paired_test,
                                            read_if_there, records, shown, trend)
+from lmrepro.results import run_settings
+from lmrepro.rgc.details import RGCDetails
 from lmrepro.stats import StatsConfig
 
 STAGE = "rgc_scaling"

@@ -22,9 +22,9 @@ from typing import Any
 
 import pandas as pd
 
-from lmrepro.scape.details import ScapeDetails
 from lmrepro.io import atomic_write_text, read_json, read_jsonl
 from lmrepro.results import METRICS, collect_runs, read_summary
+from lmrepro.scape.details import ScapeDetails
 
 SPARSE_METHODS = ("scape", "scape_stale_m", "topk", "topk_adamw")
 COMMON_LR = 2e-3     # the one lr every method ran at before issue 11 (AdamW's)
@@ -76,7 +76,7 @@ def method_table(loaded: Sequence[dict[str, Any]]) -> pd.DataFrame:
                                                          kv[0][1])):
         ss = [r["summary"] for r in rs]
         ok = [s["final_bpb"] for s in ss if s["final_bpb"] is not None]
-        d = [ScapeDetails.model_validate(s.get("details") or {}) for s in ss]
+        d = [ScapeDetails.of(s) for s in ss]
         rows.append({
             "configuration": _config(ss[0]), "method": method, "sparsity": sparsity,
             "seeds": len(ss),

@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmrepro.scape.details import ScapeDetails
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline.analysis import Run, analysis_records, load_run, run_comparisons
 from lmrepro.pipeline.length_study import (LOG2, finished_at, find_runs, paired_test,
                                            read_if_there, shown, trend)
 from lmrepro.pipeline.length_study import losses as _losses
 from lmrepro.pipeline.length_study import records as table_records
+from lmrepro.scape.details import ScapeDetails
 from lmrepro.stats import StatsConfig
 
 PAPER_STEPS = 100_000          # the SCAPE authors' runs (100 000 iterations)
