@@ -1,9 +1,9 @@
 """Benchmark (not a test): async RGC against its own ideal, and against global backprop.
 
-1. **Each stage's compute alone** (:class:`lmrepro.rgc.worker.WorkerStages`, the executor's own
-   code, one process, the worker's thread count, the stages run one after another): per
-   micro-batch the forward up to the activation sent on, the readout (and the backward when no
-   gradient comes back), the backward phase (H > 1); per step the AdamW steps.
+1. **Each stage's compute alone** (:class:`lmrepro.rgc.worker_stages.WorkerStages`, the
+   executor's own code, one process, the worker's thread count, the stages run one after
+   another): per micro-batch the forward up to the activation sent on, the readout (and the
+   backward when no gradient comes back), the backward phase (H > 1); per step the AdamW steps.
 2. **The consensus all-reduce** of the decoder gradient among W gloo processes on 127.0.0.1.
 3. **The ideal** step time of the placement on this machine's cores
    (:func:`lmrepro.rgc.schedule.ideal_step_time`: bottleneck worker, fill and drain bubble,
@@ -76,7 +76,7 @@ def stage_times(cfg_dict: dict, threads: int, repeats: int) -> dict[str, Any]:
     import torch
 
     from lmrepro.data.batches import sample_batch
-    from lmrepro.rgc.worker import WorkerStages
+    from lmrepro.rgc.worker_stages import WorkerStages
     from lmrepro.rgc.common import batch_generator, build_model, make_adamw, micro_batches
     from lmrepro.rgc.config import RGCConfig
     from lmrepro.rgc.stages import decoder_parameters

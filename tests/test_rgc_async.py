@@ -102,28 +102,41 @@ def test_async_equals_sync_for_each_horizon_and_placement(horizon: int,
     assert_same_run(a, train(c, "sync", TRAIN, VAL))
 
 
-def reference_sum_of_local_losses(c: RGCConfig) -> dict[str, torch.Tensor]:
+def reference_sum_of_local_losses(c: RGCConfig, delays: list[int] | None = None,
+                                   staleness: int = 0) -> dict[str, torch.Tensor]:
     """Independent of lmrepro.rgc.stages: every stage learns from backprop of sum_k L_k through
     the whole model (``model(x, return_hidden=True)``), the decoder from the mean of the L_k
-    (the consensus), with the executors' optimizers, schedule and batches."""
+    (the consensus), with the executors' optimizers, schedule and batches. ``delays[k]``: stage
+    k applies at step t the gradient computed at step t - delays[k] (none before); the decoder
+    its gradient ``staleness`` steps late (running ahead, docs/rgc.md)."""
     model = build_model(c, 0)
     opts = make_optimizers(model, c, "sync")
     gen = batch_generator(0)
     ends = [(k + 1) * c.layers_per_stage - 1 for k in range(c.n_stages)]
-    dec = list(model.decoder.parameters())
-    rest = [p for n, p in model.named_parameters() if not n.startswith("decoder.")]
+    names = [n for n, _ in model.named_parameters()]
+    params = dict(model.named_parameters())
+
+    def delay_of(name: str) -> int:
+        if name.startswith("decoder."):
+            return staleness
+        stage = 0 if name.startswith("embed.") else int(name.split(".")[1]) // c.layers_per_stage
+        return (delays or [0] * c.n_stages)[stage]
+
+    history: list[dict[str, torch.Tensor]] = []
     for step in range(c.steps):
         set_lr(opts.values(), lr_at(c, step))
-        for o in opts.values():
-            o.zero_grad(set_to_none=True)
         x, y = sample_batch(TRAIN, c.batch_size, c.context, gen)
+        now = {n: torch.zeros_like(p) for n, p in params.items()}
         for xm, ym in micro_batches(x, y, c.micro_batches):
             _, hidden = model(xm, return_hidden=True)
             total = sum(lm_loss(model.decoder(hidden[e]), ym) for e in ends) / c.micro_batches
-            g_rest = torch.autograd.grad(total, rest, retain_graph=True)
-            g_dec = torch.autograd.grad(total / c.n_stages, dec)
-            for p, g in zip(rest + dec, g_rest + g_dec):
-                p.grad = g if p.grad is None else p.grad + g
+            grads = torch.autograd.grad(total, [params[n] for n in names], retain_graph=True)
+            for n, g in zip(names, grads):
+                now[n] += g / c.n_stages if n.startswith("decoder.") else g
+        history.append(now)
+        for n, p in params.items():
+            due = step - delay_of(n)
+            p.grad = history[due][n].clone() if due >= 0 else None
         for o in opts.values():
             o.step()
     return {n: v.detach().clone() for n, v in model.state_dict().items()}
@@ -152,6 +165,42 @@ def test_stale_consensus_equals_sync_and_resumes_bit_identically(tmp_path: Path)
     assert resumed.summary["resumed_from_step"] == 2
     for n, v in a.final_state.items():
         assert torch.equal(resumed.final_state[n], v), n
+
+
+@pytest.mark.parametrize("kw", [
+    # one stage per worker, H = K: stage k takes its gradient 3 - k steps late
+    dict(horizon=4, stages_per_worker=None, consensus_staleness=1, steps=7),
+    # s = 2, the smallest queues: worker 0 runs 4 steps ahead of its gradients, worker 1 two
+    dict(horizon=3, stages_per_worker=[1, 1, 2], consensus_staleness=2, steps=8, queue_size=1),
+])
+def test_running_ahead_is_the_delayed_gradient_schedule_and_resumes_bit_identically(
+        kw: dict, tmp_path: Path) -> None:
+    """H > 1 with a stale consensus: the workers run ahead, each backpropagating an older
+    step's graphs (built on snapshots of that step's weights) with the gradients its neighbour
+    sent s steps earlier. Both executors train exactly the delayed-gradient schedule; a resume
+    rebuilds the graphs and messages in flight and is bit-identical."""
+    c = four(checkpoint_every=3, **kw)
+    W = c.n_workers
+    want = [kw["consensus_staleness"] * (W - 1 - w) for w, ks in enumerate(c.placement)
+            for _ in ks]
+    assert c.stage_gradient_delays == want and c.runs_ahead
+    a = train(c, "async", TRAIN, VAL)
+    assert a.summary["details"]["stage_gradient_delay"] == want
+    sync = train(c, "sync", TRAIN, VAL)
+    assert_same_run(a, sync)
+    lockstep = train(c.replace(consensus_staleness=0), "sync", TRAIN, VAL)
+    assert not torch.allclose(lockstep.final_state["blocks.0.attn.qkv.weight"],
+                              a.final_state["blocks.0.attn.qkv.weight"])
+    if c.horizon == c.n_stages:       # the reference is global backprop of sum_k L_k, delayed
+        ref = reference_sum_of_local_losses(c, want, kw["consensus_staleness"])
+        for n, v in ref.items():
+            torch.testing.assert_close(sync.final_state[n], v, rtol=1e-4, atol=1e-5, msg=n)
+    for executor, full in (("async", a), ("sync", sync)):
+        train(c, executor, TRAIN, VAL, tmp_path / executor, stop_after=5)
+        resumed = train(c, executor, TRAIN, VAL, tmp_path / executor)
+        assert resumed.summary["resumed_from_step"] == 3
+        for n, v in full.final_state.items():
+            assert torch.equal(resumed.final_state[n], v), (executor, n)
 
 
 def test_memory_counts_every_worker_and_no_multiprocessing_helper() -> None:

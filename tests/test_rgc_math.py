@@ -173,6 +173,8 @@ def test_decoder_gradient_is_the_mean_of_the_stage_readout_gradients() -> None:
     (dict(n_stages=4, stages_per_worker=(2, 2), backprop_threads=3, cores=2),
      "rgc.backprop_threads"),
     (dict(steps=3, consensus_staleness=3), "rgc.consensus_staleness"),
+    # running ahead: worker 0 of 4 would take its gradients 2 x 3 = 6 steps late, past the end
+    (dict(n_stages=4, horizon=2, steps=5, consensus_staleness=2), "rgc.consensus_staleness"),
     (dict(d_model=30, n_heads=4), "rgc.n_heads"),
 ])
 def test_bad_config_names_parameter_value_and_allowed(kw: dict, name: str) -> None:
@@ -202,7 +204,7 @@ def test_pipelined_backward_equals_the_windowed_local_gradients(n_stages: int, h
     gradients, gradients sent down grouped by the stage where they stop), run here in one
     process with the messages passed by hand, accumulates exactly the sync executor's
     gradients (``accumulate_rgc_grads``) for every horizon and placement, over 2 micro-batches."""
-    from lmrepro.rgc.worker import WorkerStages
+    from lmrepro.rgc.worker_stages import WorkerStages
 
     cfg = RGCConfig(n_layers=n_stages, n_stages=n_stages, horizon=horizon, d_model=16,
                     n_heads=2, context=12, batch_size=4, micro_batches=2)

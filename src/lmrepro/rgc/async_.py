@@ -106,14 +106,24 @@ class _Pipeline:
     links: list[Any] = field(default_factory=list)
 
 
+def queue_capacity(cfg: RGCConfig) -> int:
+    """Messages each queue between two workers holds: ``queue_size``; running ahead by s steps
+    at least (s + 1) x M. A worker reads its neighbour's gradients s steps after they were sent
+    and can be s steps ahead of it, so up to s + 1 steps of messages are in flight on either
+    queue; a smaller bound would make the sender wait for a reader that waits for it."""
+    if not cfg.runs_ahead:
+        return cfg.queue_size
+    return max(cfg.queue_size, (cfg.consensus_staleness + 1) * cfg.micro_batches)
+
+
 def _start_workers(cfg: RGCConfig, spec: RunSpec, ckpt: bytes | None, end: int,
                    train_data: np.ndarray) -> _Pipeline:
     """Start the W workers, with bounded queues between neighbours (forward; backward for
     H > 1)."""
     ctx = _mp_context()
-    W = cfg.n_workers
-    fwd = [ctx.Queue(maxsize=cfg.queue_size) for _ in range(W - 1)]
-    bwd = [ctx.Queue(maxsize=cfg.queue_size) for _ in range(W - 1)] if cfg.horizon > 1 else []
+    W, size = cfg.n_workers, queue_capacity(cfg)
+    fwd = [ctx.Queue(maxsize=size) for _ in range(W - 1)]
+    bwd = [ctx.Queue(maxsize=size) for _ in range(W - 1)] if cfg.horizon > 1 else []
     pipe = _Pipeline([], ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event(),
                      ctx.Array("i", 2 * W, lock=False),  # per worker: (waits for, on which stage)
                      [*fwd, *bwd])
@@ -335,8 +345,11 @@ def _assemble(cfg: RGCConfig, parts: dict[int, dict]) -> dict[str, Any]:
         optims.update(parts[w]["opt_stages"])
     model_state.update(parts[0]["decoder"])
     optims["decoder"] = parts[0]["opt_dec"]
+    in_flight = {w: parts[w]["in_flight"] for w in range(cfg.n_workers)
+                 if "in_flight" in parts[w]}
     return checkpoint_state(model_state, optims, parts[0]["gen_state"],
-                            parts[0]["pending_consensus"])
+                            parts[0]["pending_consensus"],
+                            {"workers": in_flight} if in_flight else None)
 
 
 def _shutdown(procs: list, grace_s: float) -> None:

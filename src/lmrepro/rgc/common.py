@@ -147,13 +147,16 @@ def run_identity(cfg: RGCConfig, executor: str, seed: int) -> dict:
 
 
 def checkpoint_state(model_state: dict[str, torch.Tensor], optim_states: dict[str, dict],
-                     gen_state: torch.Tensor, pending_consensus: list[torch.Tensor]
-                     ) -> dict[str, Any]:
+                     gen_state: torch.Tensor, pending_consensus: list[torch.Tensor],
+                     in_flight: dict[str, Any] | None = None) -> dict[str, Any]:
     """One checkpoint's state, the same for every executor: weights, optimizer states by name
-    (``stage<k>``, ``decoder`` or ``all``), the batch generator and the consensus gradients not
-    yet applied (``consensus_staleness`` > 0)."""
+    (``stage<k>``, ``decoder`` or ``all``), the batch generator, the consensus gradients not
+    yet applied (``consensus_staleness`` > 0) and, for a run whose workers run ahead
+    (:attr:`RGCConfig.runs_ahead`), the stage gradients still in flight: the sync executor's
+    delayed gradients (``stage_grads``), the async workers' kept steps and unread messages
+    (``workers``, by worker)."""
     return {"model": model_state, "optims": optim_states, "gen_state": gen_state,
-            "pending_consensus": list(pending_consensus)}
+            "pending_consensus": list(pending_consensus), "in_flight": in_flight or {}}
 
 
 def state_to_bytes(obj: Any) -> bytes:
@@ -211,6 +214,33 @@ class ConsensusQueue:
     def state(self) -> list[torch.Tensor]:
         """The gradients still pending, completed (for a checkpoint)."""
         return [self._complete(i).clone() for i in range(len(self._queue))]
+
+
+class StageGradientDelay:
+    """The sync executor's copy of the async workers' running ahead: stage k's gradient,
+    computed at step t, is applied at step t + ``delays[k]`` (:attr:`RGCConfig.
+    stage_gradient_delays`); until the first one is due the stage has none (its AdamW skips
+    it, as the async worker's does)."""
+
+    def __init__(self, params: list[list[torch.nn.Parameter]], delays: list[int]) -> None:
+        self.params, self.delays = params, delays
+        self._lines: dict[int, deque[list[torch.Tensor | None]]] = {
+            k: deque() for k, d in enumerate(delays) if d > 0}
+
+    def shift(self) -> None:
+        """Hold back each delayed stage's ``.grad`` and put the one due now in its place."""
+        for k, line in self._lines.items():
+            line.append([p.grad for p in self.params[k]])
+            due = line.popleft() if len(line) > self.delays[k] else [None] * len(self.params[k])
+            for p, g in zip(self.params[k], due):
+                p.grad = g
+
+    def state(self) -> dict[int, list[list[torch.Tensor | None]]]:
+        return {k: [list(gs) for gs in line] for k, line in self._lines.items()}
+
+    def restore(self, state: dict[int, list[list[torch.Tensor | None]]]) -> None:
+        for k in self._lines:
+            self._lines[k] = deque(list(gs) for gs in state.get(k, []))
 
 
 # -- run records ---------------------------------------------------------------------------------
@@ -317,6 +347,8 @@ def summary_fields(cfg: RGCConfig, spec: RunSpec, eval_losses: list[float], peak
                     "placement": cfg.placement if is_async else [list(range(cfg.n_stages))],
                     "horizon": cfg.horizon if is_rgc else None,
                     "consensus_staleness": cfg.consensus_staleness if is_rgc else None,
+                    # running ahead: steps by which each stage's gradients arrived late
+                    "stage_gradient_delay": cfg.stage_gradient_delays if is_rgc else None,
                     "cores_declared": cfg.cores, "machine_cores": os.cpu_count(),
                     "oversubscribed": threads > (os.cpu_count() or 1),
                     "memory_processes": memory_processes,

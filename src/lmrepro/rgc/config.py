@@ -43,7 +43,9 @@ class RGCConfig(TrainingConfig):
     budget). ``cores``: the core budget the configuration is sized for; every thread count must
     fit in it (null: this machine's cores, and exceeding them only warns).
     ``consensus_staleness`` s: the decoder is updated at step t with the consensus gradient of
-    step t - s (0: in lockstep, every step; docs/rgc.md, "Stale consensus").
+    step t - s (0: in lockstep, every step; docs/rgc.md, "Stale consensus"); with H > 1 the
+    workers also run ahead of each other, each taking the gradients that cross workers s steps
+    late (:attr:`stage_gradient_delays`; docs/rgc.md, "Running ahead").
     """
 
     key: ClassVar[str] = "rgc"
@@ -117,6 +119,12 @@ class RGCConfig(TrainingConfig):
         if self.consensus_staleness >= self.steps:
             raise field_error("consensus_staleness", self.consensus_staleness,
                               f"must be < steps = {self.steps} (the decoder would never learn)")
+        if max(self.stage_gradient_delays) >= self.steps:
+            raise field_error("consensus_staleness", self.consensus_staleness,
+                              f"must leave stage 0 a gradient: with horizon {self.horizon} > 1 "
+                              f"its worker takes gradients {max(self.stage_gradient_delays)} "
+                              f"steps late (s x (workers - 1)), which must be < steps = "
+                              f"{self.steps}")
         return self
 
     # -- derived ---------------------------------------------------------------------------
@@ -141,6 +149,26 @@ class RGCConfig(TrainingConfig):
         sizes = self.stages_per_worker or [1] * self.n_stages
         bounds = [sum(sizes[:w]) for w in range(len(sizes) + 1)]
         return [list(range(bounds[w], bounds[w + 1])) for w in range(len(sizes))]
+
+    @property
+    def stage_gradient_delays(self) -> list[int]:
+        """Steps by which each stage's own gradients arrive late. With H > 1 and
+        ``consensus_staleness`` s > 0 the workers run ahead: worker w backpropagates the graphs of
+        step t - s x (W - 1 - w) at step t (the gradients from the worker above arrive s steps
+        after it computed them, and so on up the pipeline), so its stages are updated with the
+        gradient of weights that many steps old (docs/rgc.md, "Running ahead"). 0 for every
+        stage in lockstep (s = 0), at H = 1 (no gradient crosses a worker) and on the last
+        worker."""
+        s, W = self.consensus_staleness, self.n_workers
+        if self.horizon == 1 or s == 0:
+            return [0] * self.n_stages
+        return [s * (W - 1 - w) for w, stages in enumerate(self.placement) for _ in stages]
+
+    @property
+    def runs_ahead(self) -> bool:
+        """Whether the workers take gradients from each other late (see
+        :attr:`stage_gradient_delays`)."""
+        return any(self.stage_gradient_delays)
 
     @property
     def worker_threads(self) -> tuple[int, ...]:

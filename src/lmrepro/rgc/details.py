@@ -16,6 +16,7 @@ class RGCDetails(RunDetails):
     placement: list[list[int]] | None = None      # stages of each process
     horizon: int | None = None                    # RGC's local horizon H
     consensus_staleness: int | None = None        # decoder consensus applied s steps late
+    stage_gradient_delay: list[int] | None = None  # per stage: its gradients' delay in steps
     cores_declared: int | None = None
     machine_cores: int | None = None
     oversubscribed: bool | None = None            # more threads than the machine's cores

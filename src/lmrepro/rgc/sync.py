@@ -23,9 +23,9 @@ from lmrepro.harness import StepFn
 from lmrepro.memory import MemorySampler
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import grads_to_flat
-from lmrepro.rgc.common import (ConsensusQueue, RunSpec, TrainResult, batch_generator,
-                                build_model, checkpoint_state, evaluate, finish, harness,
-                                make_adamw, micro_batches, set_lr)
+from lmrepro.rgc.common import (ConsensusQueue, RunSpec, StageGradientDelay, TrainResult,
+                                batch_generator, build_model, checkpoint_state, evaluate, finish,
+                                harness, make_adamw, micro_batches, set_lr)
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.stages import (accumulate_backprop_grads, accumulate_rgc_grads, decoder_parameters,
                                 stage_bounds, stage_parameters)
@@ -63,6 +63,10 @@ def _run(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.nda
     opts = make_optimizers(model, cfg, spec.executor)
     gen = batch_generator(spec.seed)
     consensus = ConsensusQueue(decoder_parameters(model), cfg.consensus_staleness)
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    delay = StageGradientDelay([stage_parameters(model, bounds, k) for k in range(cfg.n_stages)],
+                               cfg.stage_gradient_delays if spec.executor == "sync"
+                               else [0] * cfg.n_stages)
 
     def restore(ck: dict[str, Any]) -> None:
         model.load_state_dict(ck["model"])
@@ -70,25 +74,29 @@ def _run(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.nda
             opt.load_state_dict(ck["optims"][key])
         gen.set_state(ck["gen_state"])
         consensus.restore(ck.get("pending_consensus", []))
+        delay.restore(ck.get("in_flight", {}).get("stage_grads", {}))
 
     def state() -> dict[str, Any]:
         return checkpoint_state(model.state_dict(), {k: o.state_dict() for k, o in opts.items()},
-                                gen.get_state(), consensus.state())
+                                gen.get_state(), consensus.state(),
+                                {"stage_grads": delay.state()} if cfg.runs_ahead else None)
 
     with harness(cfg, spec, MemorySampler()) as run:
         end = spec.end(cfg, run.resume(restore))
-        run.train(_step_fn(cfg, spec.executor, model, opts, consensus, gen, train_data), state,
+        step = _step_fn(cfg, spec.executor, model, opts, consensus, delay, gen, train_data)
+        run.train(step, state,
                   lambda: bits_per_byte(evaluate(model, val_data, cfg)), end)
         return finish(cfg, spec, run, model, val_data, end)
 
 
 def _step_fn(cfg: RGCConfig, executor: str, model: ByteTransformer,
              opts: dict[str, torch.optim.Optimizer], consensus: ConsensusQueue,
-             gen: torch.Generator, train_data: np.ndarray) -> StepFn:
+             delay: StageGradientDelay, gen: torch.Generator, train_data: np.ndarray) -> StepFn:
     """One step: the batch in micro-batches, their gradients accumulated (global backprop, or
     each stage's local losses within the horizon), then the updates; RGC's decoder takes the
-    consensus gradient, ``consensus_staleness`` steps late (0: now), as the async executor does.
-    Logs every stage's loss; ``loss`` is the last stage's."""
+    consensus gradient, ``consensus_staleness`` steps late (0: now), and a stage whose async
+    worker runs ahead its gradient ``stage_gradient_delays[k]`` steps late, as the async
+    executor does. Logs every stage's loss; ``loss`` is the last stage's."""
     bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
     dec = consensus.params
     scale = 1.0 / cfg.micro_batches
@@ -108,6 +116,7 @@ def _step_fn(cfg: RGCConfig, executor: str, model: ByteTransformer,
             opts["all"].step()
         else:
             consensus.push(grads_to_flat(dec, torch.empty(sum(p.numel() for p in dec))))
+            delay.shift()
             for k in range(cfg.n_stages):
                 opts[f"stage{k}"].step()
             if consensus.pop_into_grads():

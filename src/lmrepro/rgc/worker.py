@@ -1,13 +1,14 @@
-"""One async stage worker (a process): its stages' compute (:class:`WorkerStages`) and its side
-of the protocol with the parent and its neighbours (:class:`StageWorker`, :mod:`lmrepro.rgc.wire`);
-docs/rgc.md describes the data flow of a step."""
+"""One async stage worker (a process): its side of the protocol with the parent and its
+neighbours (:class:`StageWorker`, :mod:`lmrepro.rgc.wire`) around its stages' compute
+(:class:`lmrepro.rgc.worker_stages.WorkerStages`); docs/rgc.md describes the data flow of a
+step, in lockstep and running ahead."""
 
 from __future__ import annotations
 
 import datetime
 import time
 import traceback
-from collections.abc import Callable
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,107 +17,17 @@ import torch
 import torch.distributed as dist
 
 from lmrepro.data.batches import sample_batch
-from lmrepro.errors import check
 from lmrepro.lifetime import die_with_multiprocessing_parent, fault_point, set_fault_spec
-from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import grads_to_flat
 from lmrepro.results import save_part
 from lmrepro.rgc.common import (ConsensusQueue, batch_generator, build_model, cadence, lr_at,
                                 make_adamw, micro_batches, set_lr, stage_fault_point,
                                 state_from_bytes, state_to_bytes)
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.stages import (decoder_parameters, merge_gradients, readout_backward, run_stage,
-                                stage_backward, stage_bounds, stage_parameter_names,
-                                stage_parameters, window_bottom)
+from lmrepro.rgc.stages import decoder_parameters, stage_parameter_names
 from lmrepro.rgc.wire import (Channels, Failed, Finished, MappedBytes, PartSaved, Ready, Started,
                               StateAfter, StepDone, Stopped, from_wire, received, to_wire)
-
-
-class WorkerStages:
-    """The compute of one worker: its consecutive ``stages`` of ``model``, per micro-batch.
-
-    :meth:`forward` runs the stages on a micro-batch (calling ``send`` with the last stage's
-    activation before any backward work), reads each stage out (local loss and readout
-    gradient) and finishes the backward of every stage no gradient will come back to.
-    :meth:`backward` (H > 1) takes the gradients from the next worker, backpropagates through the
-    kept stages and returns what continues to the previous worker. The benchmark times these
-    same methods alone (``bench/bench_rgc.py``). ``current_stage`` names the stage running, for
-    error reports.
-    """
-
-    def __init__(self, model: ByteTransformer, cfg: RGCConfig, stages: list[int]) -> None:
-        self.model, self.cfg, self.stages = model, cfg, list(stages)
-        self.bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
-        self.params = {k: stage_parameters(model, self.bounds, k) for k in self.stages}
-        self.scale = 1.0 / cfg.micro_batches
-        self.current_stage = self.stages[0]
-        self._kept: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor,
-                                                dict[int, torch.Tensor]]] = {}
-        self._done: dict[tuple[int, int], dict[int, torch.Tensor]] = {}
-
-    def waits_for_gradient(self, k: int) -> bool:
-        """Whether a gradient comes back to stage ``k`` from the stages above it."""
-        return self.cfg.horizon > 1 and k < self.cfg.n_stages - 1
-
-    @property
-    def receives_gradients(self) -> bool:
-        return self.waits_for_gradient(self.stages[-1])
-
-    @property
-    def sends_gradients(self) -> bool:
-        return self.cfg.horizon > 1 and self.stages[0] > 0
-
-    def forward(self, m: int, x: torch.Tensor, y: torch.Tensor,
-                send: Callable[[torch.Tensor], None] | None = None) -> list[float]:
-        """Micro-batch ``m``: ``x`` is the byte ids (stage 0) or the previous stage's
-        activation. Runs the blocks of every stage of this worker first, hands the last one's
-        activation to ``send`` (so the next worker starts as early as possible: the pipeline's
-        fill is the blocks' forward alone), then reads each stage out. Returns the local losses
-        (nats) of this worker's stages."""
-        inputs, outputs = [], []
-        h = x
-        for k in self.stages:
-            self.current_stage = k
-            inp = h if k == 0 else h.detach().requires_grad_(self.cfg.horizon > 1)
-            h = run_stage(self.model, self.bounds, k, inp)
-            inputs.append(None if k == 0 else inp)
-            outputs.append(h)
-        if send is not None:
-            send(h)
-        losses = []
-        for k, stage_in, h in zip(self.stages, inputs, outputs):
-            self.current_stage = k
-            loss, g_own = readout_backward(self.model, h, y, self.scale)
-            losses.append(loss)
-            own = {window_bottom(k, self.cfg.horizon): g_own}
-            if self.waits_for_gradient(k):
-                self._kept[(k, m)] = (stage_in, h, own)
-            else:
-                self._done[(k, m)] = stage_backward(k, h, stage_in, self.params[k], own)
-        return losses
-
-    def backward(self, m: int, incoming: dict[int, torch.Tensor],
-                 before_stage: Callable[[int], None] | None = None) -> dict[int, torch.Tensor]:
-        """Micro-batch ``m``'s gradients from the next worker (``{bottom stage: dL/dh}``) in;
-        the gradients w.r.t. this worker's input that continue below it out.
-        ``before_stage(k)`` is called before stage k's backward (fault injection)."""
-        grads = incoming
-        for k in reversed(self.stages):
-            self.current_stage = k
-            if before_stage is not None:
-                before_stage(k)
-            if (k, m) in self._kept:
-                inp, h, own = self._kept.pop((k, m))
-                grads = stage_backward(k, h, inp, self.params[k], merge_gradients(own, grads))
-            else:
-                grads = self._done.pop((k, m))
-        return grads
-
-    def finish_step(self) -> None:
-        """Drop what the step left (nothing, after a complete step: checked)."""
-        check(not self._kept, "kept activations", sorted(self._kept),
-              "must be consumed by the backward phase")
-        self._done.clear()
+from lmrepro.rgc.worker_stages import WorkerStages
 
 
 @dataclass
@@ -176,6 +87,10 @@ class StageWorker:
         self.consensus = ConsensusQueue(self.dec, cfg.consensus_staleness)
         self.link = Channels(a.w, a.stop, cfg.worker_timeout_s, a.status)
         self.start = 0
+        # running ahead: this worker backpropagates step t - lag at step t, and keeps the
+        # gradients it sent in the last s steps (in flight at a checkpoint)
+        self.lag = cfg.stage_gradient_delays[self.first]
+        self.sent: deque[tuple[int, list[dict[int, torch.Tensor]]]] = deque()
 
     def restore(self, ckpt: bytes) -> None:
         ck = state_from_bytes(ckpt)
@@ -187,6 +102,17 @@ class StageWorker:
             self.gen.set_state(ck["gen_state"])
         self.consensus.restore(ck.get("pending_consensus", []))
         self.start = int(ck["step"])
+        mine = ck.get("in_flight", {}).get("workers", {}).get(self.a.w)
+        if mine:
+            self.runner.rebuild(mine["graphs"])
+            self.sent = deque(mine["sent"])
+
+    def resend(self) -> None:
+        """After a resume: the gradients sent before the checkpoint that the previous worker had
+        not yet read (running ahead), again and in order."""
+        for step, msgs in self.sent:
+            for m, out in enumerate(msgs):
+                self._send_gradient(step, m, out)
 
     def train(self) -> None:
         """Every step to ``stop_step``; the state after each step the parent checkpoints or
@@ -195,6 +121,7 @@ class StageWorker:
         state travels through it); otherwise, and for an evaluation between checkpoints, the
         state goes to the parent as bytes."""
         due = cadence(self.cfg)
+        self.resend()
         for step in range(self.start, self.a.stop_step):
             self.step(step)
             done = step + 1
@@ -217,9 +144,10 @@ class StageWorker:
         for opt in [*self.opts.values(), self.opt_dec]:
             opt.zero_grad(set_to_none=True)
         losses = self._forward_phase(step)
-        if cfg.horizon > 1:
-            self._backward_phase(step)
-        runner.finish_step()
+        kept = step - self.lag        # the step whose graphs are backpropagated now
+        if cfg.horizon > 1 and kept >= 0:
+            self._backward_phase(step, kept)
+        runner.finish_step(step, keep_after=kept)
         runner.current_stage = self.first
         # the stages' own updates need no consensus: done while slower workers finish
         for opt in self.opts.values():
@@ -255,25 +183,42 @@ class StageWorker:
                               last + 1)
 
             losses.append(self.runner.forward(m, inp, ym,
-                                              send if last < cfg.n_stages - 1 else None))
+                                              send if last < cfg.n_stages - 1 else None, step))
             del inp
         return losses
 
-    def _backward_phase(self, step: int) -> None:
+    def _backward_phase(self, step: int, kept: int) -> None:
+        """At step ``step``, the backward of step ``kept``'s graphs (the same step in lockstep):
+        the gradients of that step from the next worker in, what continues out."""
         q, runner, tmo = self.a.queues, self.runner, self.cfg.worker_timeout_s
 
         def before_stage(k: int) -> None:
             _fault_points([k], step, tmo, backward=True)
 
+        sent = []
         for m in range(self.cfg.micro_batches):
             runner.current_stage = self.last
             incoming = from_wire(self.link.get(
-                q["bwd_in"], f"step {step} micro-batch {m} gradient from stage "
+                q["bwd_in"], f"step {kept} micro-batch {m} gradient from stage "
                 f"{self.last + 1}", self.last + 1)) if runner.receives_gradients else {}
-            out = runner.backward(m, incoming, None if m else before_stage)
+            out = runner.backward(m, incoming, None if m else before_stage, kept)
             if runner.sends_gradients:
-                self.link.put(q["bwd_out"], to_wire(out), f"step {step} micro-batch {m} "
-                              f"gradient to stage {self.first - 1}", self.first - 1)
+                self._send_gradient(step, m, out)
+                sent.append(out)
+        if sent and self.cfg.runs_ahead:
+            s = self.cfg.consensus_staleness
+            self.sent.append((step, sent))
+            while self.sent and self.sent[0][0] <= step - s:
+                self.sent.popleft()
+
+    def _send_gradient(self, step: int, m: int, out: dict[int, torch.Tensor]) -> None:
+        """Micro-batch ``m``'s gradients, sent at ``step``, to the previous worker, which reads
+        them ``consensus_staleness`` steps later when running ahead (at once in lockstep); not
+        sent when that is past this invocation's last step (they stay in :attr:`sent`)."""
+        if self.cfg.runs_ahead and step + self.cfg.consensus_staleness >= self.a.stop_step:
+            return
+        self.link.put(self.a.queues["bwd_out"], to_wire(out), f"step {step} micro-batch {m} "
+                      f"gradient to stage {self.first - 1}", self.first - 1)
 
     def _consensus(self) -> bool:
         """All-reduce the decoder's readout gradients (sum / K); apply the one due now."""
@@ -308,6 +253,8 @@ class StageWorker:
             payload["opt_dec"] = self.opt_dec.state_dict()
             payload["gen_state"] = self.gen.get_state()
             payload["pending_consensus"] = self.consensus.state()
+        if self.cfg.runs_ahead:
+            payload["in_flight"] = {"graphs": self.runner.in_flight(), "sent": list(self.sent)}
         return payload
 
 
