@@ -317,7 +317,9 @@ def main_bench(args: argparse.Namespace) -> int:
           flush=True)
     t_begin = time.perf_counter()
     variants = {"async": cfg, "async-stale1": cfg.replace(consensus_staleness=1),
-                "async-H2": cfg.replace(horizon=2), f"async-H{K}": cfg.replace(horizon=K)}
+                "async-H2": cfg.replace(horizon=2), f"async-H{K}": cfg.replace(horizon=K),
+                # running ahead at H = 2 (docs/rgc.md)
+                "async-H2-stale1": cfg.replace(horizon=2, consensus_staleness=1)}
     if args.quick:
         variants = {"async": cfg}
     # 1 + 2: stage compute alone, per horizon and thread count; the all-reduce

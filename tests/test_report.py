@@ -279,14 +279,16 @@ def test_index_opens_with_results_at_a_glance(project: Path) -> None:
 
     assert sha256_file(res / "params.json") in page and "missing.json" not in page
     assert re.search(r"<details><summary>Parameters: .*?</summary>\s*<pre>train:", page, re.S)
-    # BibTeX: the software with its commit; the papers; the RGC paper without invented authors
+    # BibTeX: the software with its commit; the papers; the RGC paper with its author and
+    # without an invented year or identifier
     commit = R.git_info(project)["commit"]
     assert commit is None or f"note = {{git commit {commit}" in page
     assert "eprint = {2607.01678}" in page and "eprint = {2505.16363}" in page
     assert "author = {Zheng, Mingkai and" in page
-    rgc = page[page.index("@misc{boundedhorizon"):]
+    rgc = page[page.index("@misc{lexbounded"):]
     rgc = rgc[:rgc.index("}\n")]
-    assert "author =" not in rgc and "Authors, year, identifier unknown" in rgc
+    assert "author = {Lex, Vikram}" in rgc and "Year, identifier unknown" in rgc
+    assert "year =" not in rgc and "eprint" not in rgc
     assert "repository URL is not recorded" in page
     prov = json.loads((project / "reports" / "provenance.json").read_text(encoding="utf-8"))
     assert [c["verdict"] for c in prov["claims"]] == ["inconclusive", "reproduced", "not run"]

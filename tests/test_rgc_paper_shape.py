@@ -65,6 +65,22 @@ def test_activation_bytes_scale_linearly_with_micro_batch_and_context() -> None:
         h1["workers"][-1]["bytes"]["activations_kept"]
 
 
+def test_running_ahead_keeps_a_graph_and_a_weight_snapshot_per_step_in_flight() -> None:
+    """H = 2, s = 1 on four workers: worker w backpropagates step t - (3 - w) at step t, so it
+    holds 4 - w steps of kept graphs and as many snapshots of its stage's weights; its queues
+    hold (s + 1) x M messages."""
+    cfg = tiny(n_stages=4, stages_per_worker=[1, 1, 1, 1], n_layers=4, horizon=2, steps=10)
+    lock, ahead = ba.async_account(cfg), ba.async_account(cfg.replace(consensus_staleness=1))
+    for w in range(3):
+        b0, b1 = lock["workers"][w]["bytes"], ahead["workers"][w]["bytes"]
+        assert b1["activations_kept"] == (4 - w) * b0["activations_kept"]
+        assert b1["stashed_weights"] == (4 - w) * ba.FLOAT * ba.stage_parameters(cfg, w)
+        assert b0["stashed_weights"] == 0
+    assert ahead["workers"][3]["bytes"]["stashed_weights"] == 0
+    assert ahead["workers"][0]["bytes"]["queued_copies"] == \
+        2 * cfg.micro_batches * ba.activation_message_bytes(cfg)
+
+
 def test_accounts_cover_every_kind_and_the_difference_sums() -> None:
     cfg = tiny(n_stages=4, stages_per_worker=[1, 1, 1, 1], n_layers=4)
     a, b = ba.async_account(cfg), ba.backprop_account(cfg)

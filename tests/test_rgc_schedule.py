@@ -74,3 +74,17 @@ def test_decompose_refuses_a_non_positive_time() -> None:
 
     with pytest.raises(ParameterError, match="ideal_step_s"):
         decompose(1.0, 2.0, 0.5, 0.0, 1.0, 2.0)
+
+
+def test_running_ahead_removes_the_backward_drain() -> None:
+    """H > 1: in lockstep one micro-batch crosses both workers forward (1 + 1) and back
+    (2 + 2) every step; running ahead (s = 1) worker 0 backpropagates the gradient worker 1
+    sent a step earlier, so neither waits and the step is one worker's work (1 + 2). With four
+    workers and four micro-batches the bubble goes too: the step is the busy time 4 x 3."""
+    two = [WorkerTimes(pre_send=1.0, post_send=0.0, backward=2.0)] * 2
+    assert ideal_step_time(two, 1, True, allreduce_s=0.0) == pytest.approx(6.0)
+    assert ideal_step_time(two, 1, True, allreduce_s=0.0, staleness=1) == pytest.approx(3.0)
+    four = [WorkerTimes(pre_send=1.0, post_send=0.0, backward=2.0)] * 4
+    lockstep = ideal_step_time(four, 4, True, allreduce_s=0.0)
+    ahead = ideal_step_time(four, 4, True, allreduce_s=0.0, staleness=1)
+    assert ahead == pytest.approx(busy_step(four[0], 4)) and lockstep > 1.5 * ahead

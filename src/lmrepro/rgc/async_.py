@@ -106,22 +106,12 @@ class _Pipeline:
     links: list[Any] = field(default_factory=list)
 
 
-def queue_capacity(cfg: RGCConfig) -> int:
-    """Messages each queue between two workers holds: ``queue_size``; running ahead by s steps
-    at least (s + 1) x M. A worker reads its neighbour's gradients s steps after they were sent
-    and can be s steps ahead of it, so up to s + 1 steps of messages are in flight on either
-    queue; a smaller bound would make the sender wait for a reader that waits for it."""
-    if not cfg.runs_ahead:
-        return cfg.queue_size
-    return max(cfg.queue_size, (cfg.consensus_staleness + 1) * cfg.micro_batches)
-
-
 def _start_workers(cfg: RGCConfig, spec: RunSpec, ckpt: bytes | None, end: int,
                    train_data: np.ndarray) -> _Pipeline:
     """Start the W workers, with bounded queues between neighbours (forward; backward for
     H > 1)."""
     ctx = _mp_context()
-    W, size = cfg.n_workers, queue_capacity(cfg)
+    W, size = cfg.n_workers, cfg.queue_capacity
     fwd = [ctx.Queue(maxsize=size) for _ in range(W - 1)]
     bwd = [ctx.Queue(maxsize=size) for _ in range(W - 1)] if cfg.horizon > 1 else []
     pipe = _Pipeline([], ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event(),

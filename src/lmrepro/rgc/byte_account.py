@@ -12,14 +12,17 @@ so a measured peak can be split into the model's tensors and the rest (runtimes,
 * ``activations_kept``: the tensors autograd saves for the backward of the stages' blocks, per
   micro-batch (:func:`block_saved_bytes`), times the micro-batches kept at once: the async
   executor keeps one micro-batch's graph per stage with H = 1 (freed after its backward) and
-  all M of a stage a gradient comes back to with H > 1 (the last stage: one); backprop keeps one
-  micro-batch of the whole model (it accumulates micro-batch by micro-batch);
+  all M of a stage a gradient comes back to with H > 1 (the last stage: one), for the
+  ``delay + 1`` steps in flight when running ahead (docs/rgc.md, "Running ahead"); backprop
+  keeps one micro-batch of the whole model (it accumulates micro-batch by micro-batch);
+* ``stashed_weights``: running ahead, the snapshots of a waiting stage's parameters its kept
+  graphs were built on, one per step in flight (0 in lockstep);
 * ``readout_transient``: one readout's saved tensors (LayerNorm, log-softmax over 256 bytes),
   freed at once by the async executor, part of the micro-batch graph in backprop;
 * ``queued_copies``: the activation (and, H > 1, gradient) copies a worker has sent and the next
-  has not yet taken, at most ``queue_size`` per queue (numpy copies pickled through the pipe:
-  the sender's graph is not shared); the received copy is the next stage's input (counted in
-  its ``activations_kept``);
+  has not yet taken, at most ``RGCConfig.queue_capacity`` per queue (numpy copies pickled
+  through the pipe: the sender's graph is not shared); the received copy is the next stage's
+  input (counted in its ``activations_kept``);
 * ``decoder_copies``: each worker's replica of the shared decoder: parameters, gradient, AdamW
   moments and the flattened all-reduce buffer (with a stale consensus, s more pending);
 * ``unused_replica``: the parameters of the stages a worker does not run (every worker builds
@@ -50,8 +53,8 @@ from lmrepro.rgc.config import RGCConfig
 
 FLOAT = 4      # float32
 INDEX = 8      # int64 byte ids and targets
-KINDS = ("parameters", "gradients", "optimizer_state", "activations_kept", "readout_transient",
-         "queued_copies", "decoder_copies", "unused_replica", "snapshot")
+KINDS = ("parameters", "gradients", "optimizer_state", "activations_kept", "stashed_weights",
+         "readout_transient", "queued_copies", "decoder_copies", "unused_replica", "snapshot")
 
 
 def block_parameters(cfg: RGCConfig) -> int:
@@ -150,14 +153,16 @@ def async_account(cfg: RGCConfig, via: str = "file") -> dict[str, Any]:
     for w, stages in enumerate(cfg.placement):
         own = sum(stage_parameters(cfg, k) for k in stages)
         own_t = sum(stage_tensors(cfg, k) for k in stages)
-        kept = 0
+        kept = stashed = 0
         for k in stages:
             waits = H > 1 and k < K - 1
-            kept += (M if waits else 1) * stage_saved_bytes(cfg, k)
-        last = stages[-1]
-        queued = cfg.queue_size * activation_message_bytes(cfg) if last < K - 1 else 0
+            steps = cfg.stage_gradient_delays[k] + 1
+            kept += (M * steps if waits else 1) * stage_saved_bytes(cfg, k)
+            stashed += FLOAT * stage_parameters(cfg, k) * steps if cfg.runs_ahead and waits else 0
+        last, q = stages[-1], cfg.queue_capacity
+        queued = q * activation_message_bytes(cfg) if last < K - 1 else 0
         if H > 1 and stages[0] > 0:
-            queued += cfg.queue_size * gradient_message_bytes(cfg, stages[0])
+            queued += q * gradient_message_bytes(cfg, stages[0])
         part = FLOAT * own + _adam_bytes(own, own_t)
         if w == 0:
             part += FLOAT * n_dec + _adam_bytes(n_dec, dec_tensors)
@@ -165,7 +170,8 @@ def async_account(cfg: RGCConfig, via: str = "file") -> dict[str, Any]:
         snapshot = part if via == "bytes" else 0      # a file is streamed, not buffered
         b = {"parameters": FLOAT * own, "gradients": FLOAT * own,
              "optimizer_state": _adam_bytes(own, own_t), "activations_kept": kept,
-             "readout_transient": readout_saved_bytes(cfg), "queued_copies": queued,
+             "stashed_weights": stashed, "readout_transient": readout_saved_bytes(cfg),
+             "queued_copies": queued,
              # parameters, gradient, 2 AdamW moments, the all-reduce buffer, s pending
              "decoder_copies": FLOAT * n_dec * (5 + cfg.consensus_staleness)
              + FLOAT * dec_tensors,
@@ -194,7 +200,7 @@ def backprop_account(cfg: RGCConfig) -> dict[str, Any]:
     kept = sum(stage_saved_bytes(cfg, k) for k in range(cfg.n_stages))
     b = {"parameters": FLOAT * full, "gradients": FLOAT * full,
          "optimizer_state": _adam_bytes(full, n_tensors), "activations_kept": kept,
-         "readout_transient": readout_saved_bytes(cfg), "queued_copies": 0,
+         "stashed_weights": 0, "readout_transient": readout_saved_bytes(cfg), "queued_copies": 0,
          "decoder_copies": 0, "unused_replica": 0, "snapshot": FLOAT * full}
     return {"executor": "backprop", "bytes": b, "total": sum(b.values())}
 

@@ -171,6 +171,17 @@ class RGCConfig(TrainingConfig):
         return any(self.stage_gradient_delays)
 
     @property
+    def queue_capacity(self) -> int:
+        """Messages each queue between two async workers holds: ``queue_size``; running ahead
+        by s steps at least (s + 1) x M. A worker reads its neighbour's gradients s steps after
+        they were sent and can be s steps ahead of it, so up to s + 1 steps of messages are in
+        flight on either queue; a smaller bound would make the sender wait for a reader that
+        waits for it."""
+        if not self.runs_ahead:
+            return self.queue_size
+        return max(self.queue_size, (self.consensus_staleness + 1) * self.micro_batches)
+
+    @property
     def worker_threads(self) -> tuple[int, ...]:
         return tuple(self.threads_per_worker or (1,) * self.n_workers)
 

@@ -9,6 +9,8 @@ those the schedule itself imposes (:mod:`lmrepro.rgc.async_`):
   m's activation (the fill bubble: the first micro-batch crosses every worker);
 * backward phase (H > 1): worker w backpropagates micro-batch m when it is done with m-1 and
   worker w+1 has sent m's gradient (the drain: the last gradient crosses every worker back);
+  running ahead (H > 1 with s > 0, docs/rgc.md) the gradient it needs is the one worker w+1
+  sent s steps earlier, and worker w has no backward before step s (W - 1 - w);
 * after its last micro-batch a worker steps its stage optimizers, then joins the decoder's
   all-reduce; the all-reduce ends ``allreduce_s`` after the last worker joined, and every worker
   steps the decoder when the all-reduce of step t - s has ended (s = ``consensus_staleness``;
@@ -63,6 +65,9 @@ def simulate(workers: Sequence[WorkerTimes], micro_batches: int, backward_phase:
     free = [0.0] * W                      # when each worker is done with what it did last
     allreduce_end: list[float] = []
     ends = []
+    ahead = backward_phase and staleness > 0
+    lag = [staleness * (W - 1 - w) if ahead else 0 for w in range(W)]
+    backs: list[list[list[float]]] = []   # per step, worker and micro-batch: gradient sent
     for step in range(n_steps):
         sent = [0.0] * W
         for _m in range(M):
@@ -70,13 +75,15 @@ def simulate(workers: Sequence[WorkerTimes], micro_batches: int, backward_phase:
                 start = max(free[w], sent[w - 1] if w > 0 else 0.0)
                 sent[w] = start + t.pre_send
                 free[w] = sent[w] + t.post_send
+        back = [[0.0] * M for _ in range(W)]
         if backward_phase:
-            back = [0.0] * W
-            for _m in range(M):
-                for w in reversed(range(W)):
-                    start = max(free[w], back[w + 1] if w < W - 1 else 0.0)
-                    free[w] = start + workers[w].backward
-                    back[w] = free[w]
+            for m in range(M):
+                for w in [v for v in reversed(range(W)) if step >= lag[v]]:
+                    above = (0.0 if w == W - 1 else
+                             backs[step - staleness][w + 1][m] if ahead else back[w + 1][m])
+                    free[w] = max(free[w], above) + workers[w].backward
+                    back[w][m] = free[w]
+        backs.append(back)
         for w, t in enumerate(workers):
             free[w] += t.optimizer
         allreduce_end.append(max(free) + allreduce_s)
