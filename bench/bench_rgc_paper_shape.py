@@ -20,11 +20,11 @@ is the ``paper`` profile's choice), horizon 1 (``--horizon``). What it measures:
    and the parent to the cores left. Only where the threads fit the machine's cores.
 3. **Each stage's compute alone** per thread count (``--threads``), one fresh process per
    (threads, stage) bound to that many cores (``--parallel-stages``: the K stages of one
-   thread count at once on disjoint cores, as the workers run), holding the whole model as a
-   worker does: the
-   blocks' forward, the readout (local loss, its gradient), the backward through the blocks,
-   the AdamW steps, per micro-batch; the saved-tensor bytes of the stage (autograd hooks) and
-   the growth of the process's ``VmHWM`` over the step, against the account.
+   thread count at once on disjoint cores, as the workers run), holding the stage and the
+   decoder as a worker does: the blocks' forward, the readout (local loss, its gradient), the
+   backward through the blocks, the AdamW steps, per micro-batch; the saved-tensor bytes of the
+   stage (autograd hooks) and the growth of the process's ``VmHWM`` over the step, against the
+   account.
 
 Phases run in that order and the JSON is rewritten after each, so a run cut short by
 ``--deadline-s`` (phases that would start after it are skipped and listed) or a kill keeps
@@ -253,13 +253,15 @@ def stage_compute(cfg_dict: dict, k: int, threads: int, repeats: int, pin: bool,
     from lmrepro.rgc.config import RGCConfig
     from lmrepro.rgc.stages import (decoder_parameters, readout_backward, run_stage,
                                     stage_backward, stage_bounds, stage_parameters)
+    from lmrepro.rgc.worker_stages import own_stages_model
 
     cores = os.cpu_count() or 1
     if pin and first_cpu + threads <= cores:
         os.sched_setaffinity(0, list(range(first_cpu, first_cpu + threads)))
     torch.set_num_threads(threads)
     cfg = RGCConfig(**cfg_dict)
-    model = build_model(cfg, 0)               # the whole model, as every worker builds it
+    # the stage and the decoder, as a worker holds them (the parent builds the whole model)
+    model = own_stages_model(cfg, [k], build_model(cfg, 0).state_dict())
     model.train()
     bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
     params = stage_parameters(model, bounds, k)

@@ -479,9 +479,11 @@ def section_rgc_paper_shape(r: dict | None, name: str) -> str:
                 "bench/bench_rgc_paper_shape.py`.\n")
     c = r["config"]
     acc = r["account"]
-    kinds = ["parameters", "gradients", "optimizer_state", "activations_kept",
-             "readout_transient", "queued_copies", "decoder_copies", "unused_replica",
-             "snapshot"]
+    kinds = [k for k in ("parameters", "gradients", "optimizer_state", "activations_kept",
+                         "stashed_weights", "readout_transient", "queued_copies",
+                         "decoder_copies", "unused_replica", "snapshot")
+             # kinds an account of this version has, and older ones its JSON still holds
+             if k in acc["backprop"]["bytes"]]
     busy = "; ".join(f"{p.get('cmd', '?')[:60]} ({p.get('cpu_percent', '?')} %)"
                      for p in r.get("busy_processes_at_start", []))
     out = [f"### At the paper's shape (`bench/bench_rgc_paper_shape.py`, `{name}`)\n",
@@ -533,7 +535,7 @@ def section_rgc_paper_shape(r: dict | None, name: str) -> str:
     st = r.get("stage_compute", [])
     if st:
         out.append("**Each stage's compute alone** (one process per stage and thread count, "
-                   "bound to that many cores, the whole model built as a worker builds it; s "
+                   "bound to that many cores, the model built as the benchmark builds it; s "
                    "per micro-batch, median [min, max]; saved: the bytes autograd saved in the "
                    "stage's forward against the account; VmHWM: the process's growth over its "
                    "first step against the account's larger phase):\n")

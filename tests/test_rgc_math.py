@@ -266,3 +266,30 @@ def test_stage_backward_stops_each_gradient_at_the_bottom_of_its_window() -> Non
     for p, g in zip(p1, ref[:-1]):
         torch.testing.assert_close(p.grad, g)
     torch.testing.assert_close(onward[0], torch.autograd.grad(h1, inp1, sent[0])[0])
+
+
+def test_a_worker_holds_only_its_stages_and_the_decoder() -> None:
+    """The async worker's model (``own_stages_model``, from its part of the start state,
+    ``worker_start``): the tensors of its stages and of the decoder, equal to the full model's,
+    and nothing of the other stages; its stages compute what the full model's do."""
+    from lmrepro.rgc.async_ import worker_start
+    from lmrepro.rgc.worker_stages import own_stages_model
+
+    cfg = RGCConfig(n_layers=8, n_stages=4, d_model=16, n_heads=2, context=12, batch_size=4,
+                    micro_batches=2, stages_per_worker=[1, 2, 1])
+    full, x, _ = model_and_batch(cfg, seed=5)
+    state = full.state_dict()
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    for w, stages in enumerate(cfg.placement):
+        part = worker_start(cfg, w, state, None)
+        model = own_stages_model(cfg, stages, part["model"])
+        got = model.state_dict()
+        want = {n for k in stages for n in stage_parameter_names(full, bounds, k)} | {
+            n for n in state if n.startswith("decoder.")}
+        assert set(got) == set(part["model"]) == want
+        assert all(torch.equal(got[n], state[n]) for n in got)
+        assert sum(p.numel() for p in model.parameters()) == sum(state[n].numel() for n in want)
+        h = x if stages[0] == 0 else torch.randn(4, 12, 16)
+        for k in stages:
+            torch.testing.assert_close(run_stage(model, bounds, k, h),
+                                       run_stage(full, bounds, k, h), rtol=0, atol=0)

@@ -106,7 +106,29 @@ class _Pipeline:
     links: list[Any] = field(default_factory=list)
 
 
-def _start_workers(cfg: RGCConfig, spec: RunSpec, ckpt: bytes | None, end: int,
+def worker_start(cfg: RGCConfig, w: int, model_state: dict[str, torch.Tensor],
+                 ck: dict[str, Any] | None) -> dict[str, Any]:
+    """Worker ``w``'s part of the start state: the weights of its stages and of the decoder
+    (from the parent's model: built from the seed, or the checkpoint's) and, when resuming
+    ``ck``, its optimizers, the decoder's, the pending consensus, the generator (stage 0's
+    worker) and what it had in flight. A worker never receives the other stages' tensors."""
+    stages = cfg.placement[w]
+    names = [n for n in model_state if n.startswith("decoder.")
+             or n.startswith("embed.") and 0 in stages
+             or any(n.startswith(f"blocks.{i}.") for k in stages
+                    for i in range(k * cfg.layers_per_stage, (k + 1) * cfg.layers_per_stage))]
+    part: dict[str, Any] = {"model": {n: model_state[n] for n in names}}
+    if ck is not None:
+        part.update({
+            "step": ck["step"], "gen_state": ck["gen_state"] if 0 in stages else None,
+            "optims": {key: ck["optims"][key] for key in
+                       [*(f"stage{k}" for k in stages), "decoder"]},
+            "pending_consensus": ck.get("pending_consensus", []),
+            "in_flight": {"workers": {w: ck.get("in_flight", {}).get("workers", {}).get(w)}}})
+    return part
+
+
+def _start_workers(cfg: RGCConfig, spec: RunSpec, starts: list[bytes], end: int,
                    train_data: np.ndarray) -> _Pipeline:
     """Start the W workers, with bounded queues between neighbours (forward; backward for
     H > 1)."""
@@ -124,7 +146,7 @@ def _start_workers(cfg: RGCConfig, spec: RunSpec, ckpt: bytes | None, end: int,
                   "fwd_out": fwd[w] if w < W - 1 else None,
                   "bwd_in": bwd[w] if bwd and w < W - 1 else None,
                   "bwd_out": bwd[w - 1] if bwd and w > 0 else None}
-        args = WorkerArgs(w, cfg_dict, spec.seed, port, ckpt, end,
+        args = WorkerArgs(w, cfg_dict, spec.seed, port, starts[w], end,
                           by_reference(train_data) if w == 0 else None,
                           None if spec.out_dir is None else str(spec.out_dir), queues,
                           pipe.results, pipe.stop, pipe.finish, pipe.go, pipe.status,
@@ -140,7 +162,7 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
     """Run the async executor; see :func:`lmrepro.rgc.train`. The stage workers' fault points
     (tests only) are :data:`lmrepro.rgc.common.FAULT_POINT`."""
     template = build_model(cfg, spec.seed)
-    ckpt: list[bytes] = []
+    ckpt: list[dict[str, Any]] = []
 
     def restore(ck: dict[str, Any]) -> None:
         if "parts" in ck:        # each worker saved its own part beside the checkpoint
@@ -148,14 +170,19 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
             ck = {**_assemble(cfg, {w: load_part(spec.out_dir, int(ck["step"]), w)
                                     for w in range(int(ck["parts"]))}), "step": ck["step"]}
         template.load_state_dict(ck["model"])
-        ckpt.append(state_to_bytes(ck))
+        ckpt.append(ck)
 
     with harness(cfg, spec, MemorySampler()) as run:
         end = spec.end(cfg, run.resume(restore))
         if end == run.start:
             return finish(cfg, spec, run, template, val_data, end)
         before_workers = run.sampler.sample()
-        pipe = _start_workers(cfg, spec, ckpt[0] if ckpt else None, end, train_data)
+        state = template.state_dict()
+        starts = [state_to_bytes(worker_start(cfg, w, state, ckpt[0] if ckpt else None))
+                  for w in range(cfg.n_workers)]
+        ckpt.clear()
+        pipe = _start_workers(cfg, spec, starts, end, train_data)
+        del starts
         parent = _Parent(cfg, run, pipe, template, val_data, end, before_workers)
         try:
             parent.collect()

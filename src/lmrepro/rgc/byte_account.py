@@ -25,8 +25,6 @@ so a measured peak can be split into the model's tensors and the rest (runtimes,
   input (counted in its ``activations_kept``);
 * ``decoder_copies``: each worker's replica of the shared decoder: parameters, gradient, AdamW
   moments and the flattened all-reduce buffer (with a stale consensus, s more pending);
-* ``unused_replica``: the parameters of the stages a worker does not run (every worker builds
-  the whole model from the seed, then trains its own stages only);
 * ``snapshot``: the state handed over for a checkpoint or at the end. With a run directory
   (every pipeline run: ``via="file"``) each worker streams its part to its own file and the
   parent reads one part at a time into its model, then clones the final state: the parent holds
@@ -54,7 +52,7 @@ from lmrepro.rgc.config import RGCConfig
 FLOAT = 4      # float32
 INDEX = 8      # int64 byte ids and targets
 KINDS = ("parameters", "gradients", "optimizer_state", "activations_kept", "stashed_weights",
-         "readout_transient", "queued_copies", "decoder_copies", "unused_replica", "snapshot")
+         "readout_transient", "queued_copies", "decoder_copies", "snapshot")
 
 
 def block_parameters(cfg: RGCConfig) -> int:
@@ -175,7 +173,6 @@ def async_account(cfg: RGCConfig, via: str = "file") -> dict[str, Any]:
              # parameters, gradient, 2 AdamW moments, the all-reduce buffer, s pending
              "decoder_copies": FLOAT * n_dec * (5 + cfg.consensus_staleness)
              + FLOAT * dec_tensors,
-             "unused_replica": FLOAT * (model_parameters(cfg) - own - n_dec),
              "snapshot": snapshot}
         workers.append({"worker": w, "stages": list(stages), "bytes": b,
                         "total": sum(b.values())})
@@ -201,7 +198,7 @@ def backprop_account(cfg: RGCConfig) -> dict[str, Any]:
     b = {"parameters": FLOAT * full, "gradients": FLOAT * full,
          "optimizer_state": _adam_bytes(full, n_tensors), "activations_kept": kept,
          "stashed_weights": 0, "readout_transient": readout_saved_bytes(cfg), "queued_copies": 0,
-         "decoder_copies": 0, "unused_replica": 0, "snapshot": FLOAT * full}
+         "decoder_copies": 0, "snapshot": FLOAT * full}
     return {"executor": "backprop", "bytes": b, "total": sum(b.values())}
 
 

@@ -20,31 +20,32 @@ from lmrepro.data.batches import sample_batch
 from lmrepro.lifetime import die_with_multiprocessing_parent, fault_point, set_fault_spec
 from lmrepro.optim.comm import grads_to_flat
 from lmrepro.results import save_part
-from lmrepro.rgc.common import (ConsensusQueue, batch_generator, build_model, cadence, lr_at,
+from lmrepro.rgc.common import (ConsensusQueue, batch_generator, cadence, lr_at,
                                 make_adamw, micro_batches, set_lr, stage_fault_point,
                                 state_from_bytes, state_to_bytes)
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.stages import decoder_parameters, stage_parameter_names
 from lmrepro.rgc.wire import (Channels, Failed, Finished, MappedBytes, PartSaved, Ready, Started,
                               StateAfter, StepDone, Stopped, from_wire, received, to_wire)
-from lmrepro.rgc.worker_stages import WorkerStages
+from lmrepro.rgc.worker_stages import WorkerStages, own_stages_model
 
 
 @dataclass
 class WorkerArgs:
     """What the parent hands worker ``w`` at its start: the configuration (as a dict), the seed,
-    the rendezvous port, the checkpoint (``torch.save`` bytes, or None), the step to stop
-    before, the training data (stage 0's worker only), its queues (``fwd_in``, ``fwd_out``,
-    ``bwd_in``, ``bwd_out``; None where it has no neighbour), the results queue, the parent's
-    ``stop``, ``finish`` and ``go`` events, the shared wait ``status`` array and the parent's
-    armed fault point (:func:`lmrepro.lifetime.fault_spec`: the fork server may have started
-    before a test armed it)."""
+    the rendezvous port, its part of the start state (its stages' and the decoder's weights,
+    and when resuming the rest of its part of the checkpoint), the step to stop before, the
+    training data (stage 0's worker only), its queues (``fwd_in``, ``fwd_out``, ``bwd_in``,
+    ``bwd_out``; None where it has no neighbour), the results queue, the parent's ``stop``,
+    ``finish`` and ``go`` events, the shared wait ``status`` array and the parent's armed fault
+    point (:func:`lmrepro.lifetime.fault_spec`: the fork server may have started before a test
+    armed it)."""
 
     w: int
     cfg_dict: dict[str, Any]
     seed: int
     port: int
-    ckpt: bytes | None
+    start: bytes            # its part of the start state (worker_start), as torch.save bytes
     stop_step: int
     train_data: np.ndarray | MappedBytes | None   # stage 0's worker: a file mapping by path
     run_dir: str | None       # where the worker saves its part of the state (None: send it)
@@ -74,7 +75,8 @@ class StageWorker:
         self.train_data = received(a.train_data)
         self.stages = cfg.placement[a.w]
         self.first, self.last = self.stages[0], self.stages[-1]
-        model = build_model(cfg, a.seed)
+        start = state_from_bytes(a.start)
+        model = own_stages_model(cfg, self.stages, start["model"])
         model.train()
         self.model = model
         self.runner = WorkerStages(model, cfg, self.stages)
@@ -91,10 +93,12 @@ class StageWorker:
         # gradients it sent in the last s steps (in flight at a checkpoint)
         self.lag = cfg.stage_gradient_delays[self.first]
         self.sent: deque[tuple[int, list[dict[int, torch.Tensor]]]] = deque()
+        if "step" in start:       # a resumed run
+            self.restore(start)
 
-    def restore(self, ckpt: bytes) -> None:
-        ck = state_from_bytes(ckpt)
-        self.model.load_state_dict(ck["model"])
+    def restore(self, ck: dict[str, Any]) -> None:
+        """Everything but the weights (already the model's) from this worker's part of a
+        checkpoint (:func:`lmrepro.rgc.async_.worker_start`)."""
         for k in self.stages:
             self.opts[k].load_state_dict(ck["optims"][f"stage{k}"])
         self.opt_dec.load_state_dict(ck["optims"]["decoder"])
@@ -278,8 +282,6 @@ def _stage_worker(a: WorkerArgs) -> None:
             raise TimeoutError(f"the parent did not start the run within "
                                f"{cfg.worker_timeout_s:.0f} s (rgc.worker_timeout_s)")
         worker = StageWorker(a, cfg)
-        if a.ckpt is not None:
-            worker.restore(a.ckpt)
         a.results.put(Ready(a.w))
         worker.train()
         a.results.put(Finished(a.w))

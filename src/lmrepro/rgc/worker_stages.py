@@ -14,7 +14,7 @@ flight (docs/rgc.md, "Running ahead").
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,35 @@ from lmrepro.errors import check
 from lmrepro.model import ByteTransformer
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.stages import (merge_gradients, readout_backward, run_stage, stage_backward,
-                                stage_bounds, stage_modules, stage_parameters, window_bottom)
+                                stage_bounds, stage_modules, stage_parameter_names,
+                                stage_parameters, window_bottom)
+
+
+def worker_state_names(model: ByteTransformer, cfg: RGCConfig, stages: list[int]) -> list[str]:
+    """The ``state_dict`` names a worker holds: its stages' parameters and the decoder's."""
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    return [n for k in stages for n in stage_parameter_names(model, bounds, k)] + \
+        [f"decoder.{n}" for n, _ in model.decoder.named_parameters()]
+
+
+def own_stages_model(cfg: RGCConfig, stages: list[int], state: Mapping[str, torch.Tensor]
+                     ) -> ByteTransformer:
+    """A worker's model: the model's structure with only ``stages`` and the decoder holding
+    tensors (every other block, and the embedding unless stage 0 is here, an empty
+    ``nn.Identity``), their values from ``state`` (the parent's model, built from the seed, or
+    a checkpoint's). Built on the meta device, so the other stages are never allocated."""
+    with torch.device("meta"):
+        model = ByteTransformer(cfg.model_shape())
+    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    mine = {i for k in stages for i in range(*bounds[k])}
+    for i in range(cfg.n_layers):
+        if i not in mine:
+            model.blocks[i] = nn.Identity()
+    if 0 not in stages:
+        model.embed = nn.Identity()
+    model.to_empty(device="cpu")
+    model.load_state_dict({n: state[n] for n in model.state_dict()}, strict=True)
+    return model
 
 
 @dataclass
