@@ -76,6 +76,7 @@ class StageWorker:
         self.stages = cfg.placement[a.w]
         self.first, self.last = self.stages[0], self.stages[-1]
         start = state_from_bytes(a.start)
+        a.start = b""             # the bytes would stay alive as long as the worker otherwise
         model = own_stages_model(cfg, self.stages, start["model"])
         model.train()
         self.model = model
