@@ -447,7 +447,8 @@ def test_a_timing_difference_inside_its_spread_is_inconclusive(tmp_path: Path) -
     df = claims(runs).set_index("id")
     assert df.loc["scape-step-speedup", "measured_value"] == pytest.approx(1 / 0.95)
     assert df.loc["scape-step-speedup", "verdict"] == C.INCONCLUSIVE
-    assert "inside the step-time spread (±28%)" in df.loc["scape-step-speedup", "caveats"]
+    assert "inside the step-time spread (±28%; one run a side" in df.loc["scape-step-speedup",
+                                                                         "caveats"]
     assert df.loc["scape-wallclock", "verdict"] == C.INCONCLUSIVE
     # the quality verdicts do not depend on timings
     assert df.loc["scape-90-adams", "verdict"] == C.REPRODUCED
@@ -481,6 +482,54 @@ def test_identical_runs_give_the_same_verdicts_whatever_their_timings(tmp_path: 
     d = claims(scape_suite(tmp_path / "d", moved)).set_index("id")
     assert c.loc["scape-step-speedup", "verdict"] == C.REPRODUCED
     assert c.verdict.to_dict() == d.verdict.to_dict()
+
+
+def test_run_level_halfwidth_is_the_t_interval_of_the_seed_log_ratios() -> None:
+    from lmrepro.pipeline.resources import run_halfwidth
+
+    assert run_halfwidth([0.2]) is None and run_halfwidth([]) is None
+    # mean 0.2, s = 0.1414, t(0.975, 1) = 12.706: h = 12.706 x 0.1414 / sqrt(2)
+    assert run_halfwidth([0.1, 0.3]) == pytest.approx(12.7062 * math.sqrt(0.02) / math.sqrt(2),
+                                                      rel=1e-4)
+    assert run_halfwidth([0.1, 0.1, 0.1]) == pytest.approx(0.0, abs=1e-12)   # seeds agree
+
+
+def paired_suite(root: Path, scape_times: list[float], spread: float) -> dict[str, Path]:
+    """AdamS at 1.0 s per step and SCAPE 90 % at ``scape_times[i]`` for seed i, every run with a
+    per-step spread of ``spread``."""
+    runs = {}
+    for seed, t in enumerate(scape_times):
+        runs[f"adams-{seed}"] = make_run(root, f"adams-{seed}", "adams", seed=seed, processes=2,
+                                         step_time=1.0, tps=1000.0, step_spread=spread)
+        runs[f"scape-{seed}"] = make_run(root, f"scape-{seed}", "scape", seed=seed, processes=2,
+                                         sparsity=0.9, step_time=t, tps=1000.0 / t,
+                                         step_spread=spread)
+    return runs
+
+
+def test_with_several_seeds_the_runs_decide_a_timing_verdict_not_the_step_jitter(
+        tmp_path: Path) -> None:
+    """Issue 19: timing verdicts compare run-level means across seeds. Three seeds a side,
+    paired by seed: steps that jitter by 30 % do not hide a speed-up every seed shows; steps
+    that barely jitter do not make a speed-up the seeds disagree on conclusive."""
+    steady = paired_suite(tmp_path / "a", [0.80, 0.82, 0.79], spread=0.3)
+    (r,) = [x for x in A.analysis_records(steady, stats=STATS).resources
+            if x.candidate_role == A.ROLE_SCAPE]
+    assert r.timing_basis == "runs" and r.timing_pairs == 3
+    assert r.relative_spread > abs(math.log(r.speedup))      # the old rule: inconclusive
+    assert r.speedup_conclusive and r.speedup_halfwidth < 0.1
+    row = claims(steady).set_index("id").loc["scape-step-speedup"]
+    assert row.verdict == C.REPRODUCED and "run-level 95 % interval" in row.measured
+    assert "over 3 seeds" in row.measured
+    # speed-ups 1.43, 1.11, 1.39: the pooled step-time spread (the old rule) is smaller than
+    # ln 1.29, the run-level interval (t with 2 degrees of freedom) is not
+    shaky = paired_suite(tmp_path / "b", [0.70, 0.90, 0.72], spread=0.01)
+    (r,) = [x for x in A.analysis_records(shaky, stats=STATS).resources
+            if x.candidate_role == A.ROLE_SCAPE]
+    assert r.relative_spread < abs(math.log(r.speedup))      # the old rule: conclusive
+    assert not r.speedup_conclusive
+    assert any("inside its run-level 95 % interval over 3 seeds" in c for c in r.caveats)
+    assert claims(shaky).set_index("id").loc["scape-step-speedup", "verdict"] == C.INCONCLUSIVE
 
 
 def test_oversubscription_and_declared_caveats_travel_to_the_table(tmp_path: Path) -> None:

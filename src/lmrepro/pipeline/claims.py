@@ -183,8 +183,14 @@ def timing_verdict(holds: bool, conclusive: bool) -> bool | None:
     return holds if conclusive else None
 
 
-def spread_text(r: ResourceRecord) -> str:
-    """The timing spread in words (``docs/statistics.md``)."""
+def spread_text(r: ResourceRecord, ratio: float | None = None,
+                halfwidth: float | None = None) -> str:
+    """The spread a timing verdict rests on, in words (``docs/statistics.md``): the run-level
+    interval of ``ratio`` (its half-width ``halfwidth``) over the seeds, or with one run a side
+    the step-time spread."""
+    if r.timing_basis == "runs" and ratio is not None and halfwidth is not None:
+        low, high = ratio * math.exp(-halfwidth), ratio * math.exp(halfwidth)
+        return f"run-level 95 % interval {low:.3g}x to {high:.3g}x over {r.timing_pairs} seeds"
     if r.relative_spread is None:
         return "no step-time spread recorded"
     return f"step-time spread ±{r.relative_spread:.0%}"

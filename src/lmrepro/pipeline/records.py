@@ -105,9 +105,15 @@ class ResourceRecord(_Record):
     baseline tokens/s; ``wall_ratio`` = candidate / baseline ``steps x mean step time``;
     ``memory_ratio`` = candidate / baseline peak resident memory (RSS), ``pss_ratio`` the same
     in PSS (shared pages such as the torch libraries counted once over a process tree; None when
-    a side recorded no PSS). ``relative_spread`` is the
-    combined relative step-time spread ``rho``; a ratio ``x`` is conclusive iff
-    ``|ln x| > rho`` (None when a side recorded no spread)."""
+    a side recorded no PSS).
+
+    Timing verdicts (``docs/statistics.md``): with runs of two or more seeds on both sides
+    (``timing_pairs``, paired by seed; ``timing_basis`` "runs") a ratio ``x`` is conclusive iff
+    its run-level 95 % t interval ``x exp(-+h)`` excludes 1, ``h`` the half-width of the
+    per-seed log ratios (``speedup_halfwidth``, ``throughput_halfwidth``, ``wall_halfwidth``);
+    with one run each (``timing_basis`` "steps") iff ``|ln x| > relative_spread``, the combined
+    relative step-time spread ``rho`` (None when a side recorded no spread), and the caveat
+    says so."""
 
     label: str
     corpus: str
@@ -140,6 +146,11 @@ class ResourceRecord(_Record):
     memory_ratio: float | None
     pss_ratio: float | None
     relative_spread: float | None
+    timing_pairs: int = 1
+    timing_basis: Literal["runs", "steps"] = "steps"
+    speedup_halfwidth: float | None = None
+    throughput_halfwidth: float | None = None
+    wall_halfwidth: float | None = None
     speedup_conclusive: bool
     throughput_conclusive: bool
     wall_conclusive: bool

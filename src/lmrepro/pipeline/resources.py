@@ -1,10 +1,11 @@
 """Resources: per-run throughput, memory and communication tables against a reference run, and
 the timing and memory comparisons of configurations with the spread of their step times.
 
-Timing. A timing comparison (:class:`~lmrepro.pipeline.records.ResourceRecord`) carries its
-spread: the standard deviation of a step's time in each configuration, pooled over its runs (the
-within-run spread the summaries record, plus the run-to-run spread of the mean when there are
-several seeds); a ratio inside that spread is inconclusive (:func:`timing_interval`,
+Timing. A timing comparison (:class:`~lmrepro.pipeline.records.ResourceRecord`) is judged on
+its runs: with two or more seeds a side, the per-seed ratios (paired by seed) give a run-level
+95 % t interval, and a ratio whose interval contains 1 is inconclusive; the step-to-step
+jitter within a run does not decide. With one run a side there is no run-to-run spread, and the
+step-time spread stands in for it, with a caveat (:func:`run_halfwidth`, :func:`timing_interval`,
 ``docs/statistics.md``).
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
+from scipy import stats as sps
 
 from lmrepro.errors import check
 from lmrepro.pipeline.comparisons import pairings
@@ -154,23 +156,39 @@ def relative_spread(candidate: StepTimes, baseline: StepTimes) -> float | None:
     return math.hypot(candidate.spread_s / candidate.mean_s, baseline.spread_s / baseline.mean_s)
 
 
+#: the two-sided confidence of a timing ratio's run-level interval
+TIMING_CONFIDENCE = 0.95
+
+
+def run_halfwidth(log_ratios: Sequence[float], confidence: float = TIMING_CONFIDENCE
+                  ) -> float | None:
+    """Half-width ``t_{G-1} s / sqrt(G)`` of the two-sided t interval of the mean of G per-seed
+    log ratios (None with fewer than two): the run-level spread of a timing ratio (pure)."""
+    g = len(log_ratios)
+    if g < 2:
+        return None
+    mean = sum(log_ratios) / g
+    sd = math.sqrt(sum((x - mean) ** 2 for x in log_ratios) / (g - 1))
+    return float(sps.t.ppf(0.5 + confidence / 2, g - 1)) * sd / math.sqrt(g)
+
+
 def timing_interval(ratio: float, rho: float | None) -> tuple[float, float, bool]:
     """``(low, high, conclusive)`` of a timing ratio: ``ratio * exp(-+rho)``, conclusive iff the
-    interval excludes 1, i.e. ``|ln ratio| > rho`` (never without a spread).
-
-    Why the step-to-step spread and not its standard error: step times are serially correlated
-    and a run-to-run shift of the machine's state does not average out within a run, so a
-    difference smaller than what two identical runs can show is not one we can stand behind
-    (``docs/statistics.md``)."""
+    interval excludes 1, i.e. ``|ln ratio| > rho`` (never without a spread). ``rho``: the
+    run-level half-width (:func:`run_halfwidth`), or with one run a side the step-time spread
+    (:func:`relative_spread`; ``docs/statistics.md``)."""
     if rho is None:
         return math.nan, math.nan, False
     return ratio * math.exp(-rho), ratio * math.exp(rho), abs(math.log(ratio)) > rho
 
 
 def resource_caveats(cands: Sequence[Run], bases: Sequence[Run], cores: int | None,
-                     rho: float | None, speedup: float) -> list[str]:
+                     rho: float | None, speedup: float, run_level: float | None = None
+                     ) -> list[str]:
     """Caveats of a timing or memory comparison: oversubscribed runs (more threads than the
-    machine's cores), a difference inside the spread, no recorded spread."""
+    machine's cores), a difference inside the run-level interval (``run_level``: its
+    half-width, with two or more seeds) or, with one run a side, inside the step-time spread
+    ``rho`` or with no spread recorded."""
     out = []
     if cores is not None:
         over = sorted({f"{config_label(r)} ({r.summary.threads} threads)"
@@ -178,10 +196,19 @@ def resource_caveats(cands: Sequence[Run], bases: Sequence[Run], cores: int | No
         if over:
             out.append(f"oversubscribed: {' and '.join(over)} on {cores} cores: throughput not "
                        "representative")
-    if rho is None:
+    if run_level is not None:
+        if abs(math.log(speedup)) <= run_level:
+            low, high, _ = timing_interval(speedup, run_level)
+            out.append(f"timing difference inside its run-level 95 % interval over "
+                       f"{len(cands)} seeds ({low:.3g}x to {high:.3g}x)")
+    elif rho is None:
         out.append("no step-time spread recorded: timing verdict inconclusive")
     elif abs(math.log(speedup)) <= rho:
-        out.append(f"timing difference inside the step-time spread (±{rho:.0%})")
+        out.append(f"timing difference inside the step-time spread (±{rho:.0%}; one run a "
+                   "side: no run-level spread)")
+    else:
+        out.append("one run a side: timing judged on the step-time spread, not on run-to-run "
+                   "variation")
     return out
 
 
@@ -213,6 +240,7 @@ def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceR
         speedup = b_t.mean_s / c_t.mean_s
         throughput = c_tps / b_tps
         wall = (c_steps * c_t.mean_s) / (b_steps * b_t.mean_s)
+        h = run_halfwidths(cands, bases)
         c, b = cands[0], bases[0]
         out.append(ResourceRecord(
             label=pairing.label, corpus=c.summary.corpus, candidate_role=c.role,
@@ -229,11 +257,41 @@ def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceR
             baseline_peak_pss_bytes=b_pss, speedup=speedup, throughput_ratio=throughput,
             wall_ratio=wall, memory_ratio=c_rss / b_rss if b_rss > 0 else None,
             pss_ratio=c_pss / b_pss if c_pss and b_pss else None,
-            relative_spread=rho, speedup_conclusive=timing_interval(speedup, rho)[2],
-            throughput_conclusive=timing_interval(throughput, rho)[2],
-            wall_conclusive=timing_interval(wall, rho)[2],
-            caveats=resource_caveats(cands, bases, cores, rho, speedup)))
+            relative_spread=rho, timing_pairs=len(cands),
+            timing_basis="runs" if h["speedup"] is not None else "steps",
+            speedup_halfwidth=h["speedup"], throughput_halfwidth=h["throughput"],
+            wall_halfwidth=h["wall"],
+            speedup_conclusive=_conclusive(speedup, h["speedup"], rho),
+            throughput_conclusive=_conclusive(throughput, h["throughput"], rho),
+            wall_conclusive=_conclusive(wall, h["wall"], rho),
+            caveats=resource_caveats(cands, bases, cores, rho, speedup, h["speedup"])))
     return out
+
+
+def _conclusive(ratio: float, run_level: float | None, rho: float | None) -> bool:
+    """The run-level interval decides; with one run a side, the step-time spread."""
+    return timing_interval(ratio, run_level if run_level is not None else rho)[2]
+
+
+def run_halfwidths(cands: Sequence[Run], bases: Sequence[Run]) -> dict[str, float | None]:
+    """The run-level half-widths (:func:`run_halfwidth`) of the speed-up, throughput and
+    wall-clock ratios from the per-seed ratios of runs paired by seed (None with one pair)."""
+    pairs = list(zip(cands, bases, strict=True))
+    speed = [math.log(b.summary.mean_step_time_s / c.summary.mean_step_time_s)
+             for c, b in pairs]
+    tput = [math.log(c.summary.tokens_per_s / b.summary.tokens_per_s) for c, b in pairs]
+    wall = [math.log(c.summary.steps * c.summary.mean_step_time_s
+                     / (b.summary.steps * b.summary.mean_step_time_s)) for c, b in pairs]
+    return {"speedup": run_halfwidth(speed), "throughput": run_halfwidth(tput),
+            "wall": run_halfwidth(wall)}
+
+
+def _interval_text(r: ResourceRecord) -> str:
+    """The speed-up's run-level 95 % interval, or why there is none."""
+    if r.speedup_halfwidth is None:
+        return "one seed: none"
+    low, high, _ = timing_interval(r.speedup, r.speedup_halfwidth)
+    return f"{low:.3g}x to {high:.3g}x"
 
 
 def resources_table(records: Sequence[ResourceRecord]) -> pd.DataFrame:
@@ -242,7 +300,7 @@ def resources_table(records: Sequence[ResourceRecord]) -> pd.DataFrame:
     columns = ["comparison", "corpus", "seeds", "candidate_step_time_s",
                "candidate_step_time_spread_s", "baseline_step_time_s",
                "baseline_step_time_spread_s", "speedup", "throughput_ratio", "wall_ratio",
-               "relative_spread", "timing", "memory_ratio", "caveats"]
+               "relative_spread", "speedup_interval", "timing", "memory_ratio", "caveats"]
     nan = float("nan")
     rows = [{"comparison": r.label, "corpus": r.corpus, "seeds": len(r.candidate_runs),
              "candidate_step_time_s": r.candidate_step_time_s,
@@ -254,7 +312,10 @@ def resources_table(records: Sequence[ResourceRecord]) -> pd.DataFrame:
              "speedup": r.speedup, "throughput_ratio": r.throughput_ratio,
              "wall_ratio": r.wall_ratio,
              "relative_spread": nan if r.relative_spread is None else r.relative_spread,
-             "timing": "conclusive" if r.speedup_conclusive else "inconclusive",
+             "speedup_interval": _interval_text(r),
+             "timing": ("conclusive" if r.speedup_conclusive else "inconclusive")
+             + (f" ({r.timing_pairs} seeds)" if r.timing_basis == "runs"
+                else " (step-time spread, one seed)"),
              "memory_ratio": nan if r.memory_ratio is None else r.memory_ratio,
              "caveats": "; ".join(r.caveats)}
             for r in records]

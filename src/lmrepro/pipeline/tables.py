@@ -149,7 +149,8 @@ COLUMNS: dict[str, Column] = {
     "candidate_step_time_spread_s": Column("candidate spread (ms)", MS),
     "baseline_step_time_s": Column("baseline step (ms)", MS),
     "baseline_step_time_spread_s": Column("baseline spread (ms)", MS),
-    "relative_spread": Column("relative spread (%)", PERCENT),
+    "relative_spread": Column("step-time spread (%)", PERCENT),
+    "speedup_interval": Column("speed-up, run-level 95 % interval", text, False),
     "timing": Column("timing", text, False),
     # claims
     "id": Column("id", text, False),
@@ -192,7 +193,8 @@ PRESETS: dict[str, list[str]] = {
                        "seed_upper_bound", "level", "margin", "verdict", "caveats"],
     "timing": ["comparison", "seeds", "candidate_step_time_s", "candidate_step_time_spread_s",
                "baseline_step_time_s", "baseline_step_time_spread_s", "speedup",
-               "throughput_ratio", "relative_spread", "timing", "memory_ratio", "caveats"],
+               "throughput_ratio", "relative_spread", "speedup_interval", "timing",
+               "memory_ratio", "caveats"],
     "claims": ["claim", "paper_figure", "paper_scale", "measured", "our_scale", "verdict",
                "caveats", "rule"],
 }

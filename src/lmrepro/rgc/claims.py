@@ -36,13 +36,14 @@ def _allocation(r: ResourceRecord) -> str:
 
 def throughput(records: AnalysisRecords) -> list[Measured]:
     """Async RGC tokens/s over backprop tokens/s (means over the seeds), per setting, with the
-    core budgets compared; inconclusive inside the step-time spread."""
+    core budgets compared; inconclusive inside its run-level interval (one seed: the step-time
+    spread)."""
     out = []
     for r in resources(records, ROLE_RGC_ASYNC, ROLE_BACKPROP):
         x = r.throughput_ratio
         out.append(Measured(r.corpus, f"{x:.3g}x tokens/s ({r.candidate_tokens_per_s:.4g} vs "
                             f"{r.baseline_tokens_per_s:.4g}; {_allocation(r)}; "
-                            f"{spread_text(r)})", x,
+                            f"{spread_text(r, x, r.throughput_halfwidth)})", x,
                             timing_verdict(x > 1.0, r.throughput_conclusive),
                             comparison_scale(records, r.candidate_runs), tuple(r.caveats)))
     return out

@@ -38,15 +38,16 @@ STEPTIME_CAVEAT = ("assumptions of the step-time model (docs/steptime.md): 32 GH
 
 def step_speedup(records: AnalysisRecords) -> list[Measured]:
     """The best per-step speedup of a SCAPE configuration over dense AdamS in the same setting
-    (mean step times over the seeds); inconclusive inside the step-time spread."""
+    (mean step times over the seeds); inconclusive inside its run-level interval (one seed: the
+    step-time spread)."""
     found = resources(records, ROLE_SCAPE, ROLE_ADAMS)
     if not found:
         return []
     r = max(found, key=lambda r: r.speedup)
     x = r.speedup
     return [Measured(r.corpus, f"{x:.3g}x per step ({r.candidate_configuration} vs "
-                     f"{r.baseline_configuration}; {spread_text(r)})", x,
-                     timing_verdict(x > 1.0, r.speedup_conclusive),
+                     f"{r.baseline_configuration}; {spread_text(r, x, r.speedup_halfwidth)})",
+                     x, timing_verdict(x > 1.0, r.speedup_conclusive),
                      comparison_scale(records, r.candidate_runs), tuple(r.caveats))]
 
 
@@ -56,8 +57,8 @@ def _wall(r: ResourceRecord) -> float:
 
 def wallclock(records: AnalysisRecords) -> list[Measured]:
     """The largest wall-clock reduction (steps x mean step time) of a SCAPE configuration against
-    the faster dense configuration (AdamW or AdamS) of the same setting; inconclusive inside the
-    step-time spread."""
+    the faster dense configuration (AdamW or AdamS) of the same setting; inconclusive inside its
+    run-level interval (one seed: the step-time spread)."""
     faster: dict[tuple[str, str], ResourceRecord] = {}
     for r in resources(records, ROLE_SCAPE, ROLE_ADAMW, ROLE_ADAMS):
         key = (r.candidate_configuration, r.corpus)
@@ -69,7 +70,8 @@ def wallclock(records: AnalysisRecords) -> list[Measured]:
     red = 1.0 - r.wall_ratio
     return [Measured(r.corpus, f"{abs(red):.1%} {'less' if red >= 0 else 'more'} "
                      f"({r.candidate_configuration} vs "
-                     f"{r.baseline_configuration}; {spread_text(r)})", red,
+                     f"{r.baseline_configuration}; "
+                     f"{spread_text(r, r.wall_ratio, r.wall_halfwidth)})", red,
                      timing_verdict(red > 0.0, r.wall_conclusive),
                      comparison_scale(records, r.candidate_runs), tuple(r.caveats))]
 
