@@ -201,6 +201,9 @@ def resource_caveats(cands: Sequence[Run], bases: Sequence[Run], cores: int | No
             low, high, _ = timing_interval(speedup, run_level)
             out.append(f"timing difference inside its run-level 95 % interval over "
                        f"{len(cands)} seeds ({low:.3g}x to {high:.3g}x)")
+        else:
+            out.append("the timing interval covers seeds run one after another on one "
+                       "machine, not a change of the machine's state between sessions")
     elif rho is None:
         out.append("no step-time spread recorded: timing verdict inconclusive")
     elif abs(math.log(speedup)) <= rho:
