@@ -159,6 +159,16 @@ def test_the_section_says_how_long_the_stages_ran(tmp_path: Path) -> None:
     (pub / "reports/provenance.json").write_text(json.dumps(prov))
     text = P.results_section(pub)
     assert "Its 2 rendered stages ran 30 minutes (1800 s) in total" in text
+    assert "runs trained for" not in text
+    # the runs' own training time counts even when the stages only reused finished runs
+    for i, t in enumerate((1500.0, 1260.0)):
+        (pub / f"results/runs/r{i}").mkdir(parents=True)
+        (pub / f"results/runs/r{i}/summary.json").write_text(json.dumps({"train_time_s": t}))
+    prov["reports"] = [{"file": "c.html", "duration_s": 45.0}]
+    (pub / "reports/provenance.json").write_text(json.dumps(prov))
+    text = P.results_section(pub)
+    assert "Its 1 rendered stages ran 45 s in total" in text
+    assert "Its 2 runs trained for 46 minutes (2760 s) in total by their own clocks" in text
     prov["reports"] = [{"file": "c.html", "duration_s": None}]
     (pub / "reports/provenance.json").write_text(json.dumps(prov))
     assert "rendered stages ran" not in P.results_section(pub)
