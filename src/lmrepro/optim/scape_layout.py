@@ -143,6 +143,14 @@ class Layout:
         return "bitmap", bit_bytes
 
 
+def excluded_indices(slots: Iterable[tuple[int, int, bool]], device: torch.device
+                     ) -> torch.Tensor:
+    """Flat indices, ascending, of the tensors sent whole: ``slots`` are ``(offset, numel,
+    excluded)`` in buffer order (shared with :mod:`lmrepro.optim.topk`)."""
+    parts = [torch.arange(o, o + k, device=device) for o, k, ex in slots if ex]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=device)
+
+
 def build_layout(param_groups: list[dict[str, Any]], exclude_1d: bool, world: int,
                  device: torch.device) -> Layout:
     """The :class:`Layout` of ``param_groups`` over ``world`` ranks (the same on every rank)."""
@@ -158,10 +166,7 @@ def build_layout(param_groups: list[dict[str, Any]], exclude_1d: bool, world: in
         size = sum(p.numel() for p in g["params"])
         bounds.append((off, off + size))
         off += size
-    excluded = [s for s in slots if s.excluded]
-    excluded_idx = (torch.cat([torch.arange(s.offset, s.offset + s.numel, device=device)
-                               for s in excluded])
-                    if excluded else torch.zeros(0, dtype=torch.int64, device=device))
+    excluded_idx = excluded_indices(((s.offset, s.numel, s.excluded) for s in slots), device)
     spans = []
     for j in range(world):
         mine = [s for s in slots if s.owner == j]

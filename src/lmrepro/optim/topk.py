@@ -26,6 +26,7 @@ from .comm import (Comm, all_finite, check_density, check_grads, check_max_grad_
                    unpacked_indices)
 from .errors import check
 from .scape import density_at
+from .scape_layout import excluded_indices
 
 
 class TopKEF:
@@ -68,9 +69,7 @@ class TopKEF:
         for p in self._params:
             self._slots.append((off, p.numel(), exclude_1d_from_topk and p.dim() <= 1))
             off += p.numel()
-        self._excluded_idx = torch.cat(
-            [torch.arange(o, o + k, device=dev) for o, k, ex in self._slots if ex]
-            or [torch.zeros(0, dtype=torch.int64, device=dev)])
+        self._excluded_idx = excluded_indices(self._slots, dev)
         self.n_excluded = self._excluded_idx.numel()
         self.k = sum(keep_count(self.density, k) for _, k, ex in self._slots if not ex)
         self.index_mask = 4 * self.k <= -(-self.n // 8)
