@@ -281,7 +281,7 @@ def test_a_worker_holds_only_its_stages_and_the_decoder() -> None:
     state = full.state_dict()
     bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
     for w, stages in enumerate(cfg.placement):
-        part = worker_start(cfg, w, state, None)
+        part = worker_start(cfg, w, full, None)
         model = own_stages_model(cfg, stages, part["model"])
         got = model.state_dict()
         want = {n for k in stages for n in stage_parameter_names(full, bounds, k)} | {

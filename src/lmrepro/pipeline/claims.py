@@ -36,6 +36,7 @@ from lmrepro.pipeline import registry as _registry
 from lmrepro.pipeline.comparisons import DEFAULT_STATS
 from lmrepro.pipeline.records import (AnalysisRecords, ComparisonRecord, ResourceRecord,
                                       read_analysis)
+from lmrepro.pipeline.resources import timing_interval
 
 REPRODUCED = "reproduced"
 DIRECTION_ONLY = "reproduced in direction only"
@@ -189,7 +190,7 @@ def spread_text(r: ResourceRecord, ratio: float | None = None,
     interval of ``ratio`` (its half-width ``halfwidth``) over the seeds, or with one run a side
     the step-time spread."""
     if r.timing_basis == "runs" and ratio is not None and halfwidth is not None:
-        low, high = ratio * math.exp(-halfwidth), ratio * math.exp(halfwidth)
+        low, high, _ = timing_interval(ratio, halfwidth)
         return f"run-level 95 % interval {low:.3g}x to {high:.3g}x over {r.timing_pairs} seeds"
     if r.relative_spread is None:
         return "no step-time spread recorded"

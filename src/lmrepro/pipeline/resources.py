@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
-from scipy import stats as sps
 
 from lmrepro.errors import check
 from lmrepro.pipeline.comparisons import pairings
 from lmrepro.pipeline.records import ResourceRecord
 from lmrepro.pipeline.runs import GIB, Run, Runs, config_label, load_runs, named_run, workers
 from lmrepro.results import BYTE_KINDS
+from lmrepro.stats import t_bounds
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,12 +164,10 @@ def run_halfwidth(log_ratios: Sequence[float], confidence: float = TIMING_CONFID
                   ) -> float | None:
     """Half-width ``t_{G-1} s / sqrt(G)`` of the two-sided t interval of the mean of G per-seed
     log ratios (None with fewer than two): the run-level spread of a timing ratio (pure)."""
-    g = len(log_ratios)
-    if g < 2:
+    if len(log_ratios) < 2:
         return None
-    mean = sum(log_ratios) / g
-    sd = math.sqrt(sum((x - mean) ** 2 for x in log_ratios) / (g - 1))
-    return float(sps.t.ppf(0.5 + confidence / 2, g - 1)) * sd / math.sqrt(g)
+    low, high = t_bounds(log_ratios, 0.5 + confidence / 2)   # the seed-level test's t bounds
+    return (high - low) / 2
 
 
 def timing_interval(ratio: float, rho: float | None) -> tuple[float, float, bool]:

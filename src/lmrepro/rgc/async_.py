@@ -63,6 +63,7 @@ from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.wire import (POLL_S, Failed, Finished, Message, PartSaved, Ready, Started,
                               StateAfter, StepDone, by_reference, stalled_stage)
 from lmrepro.rgc.worker import WorkerArgs, _stage_worker
+from lmrepro.rgc.worker_stages import worker_state_names
 
 
 class StageWorkerError(RuntimeError):
@@ -106,18 +107,16 @@ class _Pipeline:
     links: list[Any] = field(default_factory=list)
 
 
-def worker_start(cfg: RGCConfig, w: int, model_state: dict[str, torch.Tensor],
+def worker_start(cfg: RGCConfig, w: int, model: ByteTransformer,
                  ck: dict[str, Any] | None) -> dict[str, Any]:
     """Worker ``w``'s part of the start state: the weights of its stages and of the decoder
     (from the parent's model: built from the seed, or the checkpoint's) and, when resuming
     ``ck``, its optimizers, the decoder's, the pending consensus, the generator (stage 0's
     worker) and what it had in flight. A worker never receives the other stages' tensors."""
     stages = cfg.placement[w]
-    names = [n for n in model_state if n.startswith("decoder.")
-             or n.startswith("embed.") and 0 in stages
-             or any(n.startswith(f"blocks.{i}.") for k in stages
-                    for i in range(k * cfg.layers_per_stage, (k + 1) * cfg.layers_per_stage))]
-    part: dict[str, Any] = {"model": {n: model_state[n] for n in names}}
+    state = model.state_dict()
+    part: dict[str, Any] = {"model": {n: state[n]
+                                      for n in worker_state_names(model, cfg, stages)}}
     if ck is not None:
         part.update({
             "step": ck["step"], "gen_state": ck["gen_state"] if 0 in stages else None,
@@ -177,8 +176,7 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
         if end == run.start:
             return finish(cfg, spec, run, template, val_data, end)
         before_workers = run.sampler.sample()
-        state = template.state_dict()
-        starts = [state_to_bytes(worker_start(cfg, w, state, ckpt[0] if ckpt else None))
+        starts = [state_to_bytes(worker_start(cfg, w, template, ckpt[0] if ckpt else None))
                   for w in range(cfg.n_workers)]
         ckpt.clear()
         pipe = _start_workers(cfg, spec, starts, end, train_data)
