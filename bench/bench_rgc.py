@@ -398,7 +398,7 @@ def main_bench(args: argparse.Namespace) -> int:
     result = {
         "benchmark": "rgc", "machine": info, "cores": cores, "args": vars(args),
         "config": cfg.to_dict(), "placement": cfg.placement,
-        "threads_per_worker": list(cfg.worker_threads),
+        "threads": list(cfg.worker_threads),
         "paper_allocation": {"async_threads": PAPER_ASYNC_THREADS,
                              "backprop_threads": PAPER_BACKPROP_THREADS,
                              "backprop_cores_here": quota_cores,

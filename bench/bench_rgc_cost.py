@@ -73,7 +73,7 @@ def main() -> None:
                 print(f"{size:6s} {executor:8s} alone {row['steps_per_s']:6.2f} steps/s "
                       f"[{row['min']:.2f}, {row['max']:.2f}] (n={args.repeats}); two at once "
                       f"{pair[0]:.2f} + {pair[1]:.2f}", flush=True)
-    Path(args.out).write_text(json.dumps({"rows": rows, "threads_per_run": 1,
+    Path(args.out).write_text(json.dumps({"rows": rows, "threads": 1,
                                           "batch": "16 x 128, 4 micro-batches, 4 stages"},
                                          indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -14,7 +14,7 @@ is the ``paper`` profile's choice), horizon 1 (``--horizon``). What it measures:
    PSS/RSS, every process's high-water mark (``VmHWM``, their sum an upper bound of the
    simultaneous peak) and the run's cgroup peak where the kernel offers one
    (:class:`lmrepro.memory.RunCgroup`). **Pinning**: backprop's process is bound to the first
-   ``--backprop-threads`` cores; async worker w to its own ``threads_per_worker[w]`` cores (the
+   ``--backprop-threads`` cores; async worker w to its own ``threads[w]`` cores (the
    executor sets the thread count but binds nothing: the benchmark binds every thread of each
    worker process from outside, ``sched_setaffinity`` per thread, repeated as threads appear)
    and the parent to the cores left. Only where the threads fit the machine's cores.
@@ -86,9 +86,9 @@ def paper_config(args: argparse.Namespace) -> Any:
                      context=512 // f, mlp_ratio=4,
                      batch_size=32, micro_batches=8, lr=0.0006, warmup_steps=1,
                      steps=args.steps, horizon=args.horizon, stages_per_worker=spw,
-                     threads_per_worker=tpw, backprop_threads=bp, cores=None,
+                     threads=tpw, backprop_threads=bp, cores=None,
                      eval_batches=1, eval_batch_size=4, checkpoint_every=0, eval_every=0,
-                     worker_timeout_s=1200.0)
+                     timeout_s=1200.0)
 
 
 def spread(xs: list[float]) -> dict[str, Any]:
@@ -354,7 +354,7 @@ def main_bench(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {
         "benchmark": "rgc_paper_shape", "machine": machine_info(), "cores": cores,
         "args": vars(args), "config": cfg.to_dict(), "placement": cfg.placement,
-        "threads_per_worker": list(cfg.worker_threads),
+        "threads": list(cfg.worker_threads),
         "backprop_threads": cfg.single_process_threads,
         "choices": {"micro_batching": "batch 32 in 8 micro-batches of 4 sequences (the params "
                     "profile `paper`; the paper's own is not in its summary)",

@@ -294,8 +294,8 @@ def section_rgc(r: dict | None) -> str:
         f"{c['n_stages']} stages, d = {c['d_model']}, context {c['context']}, batch "
         f"{c['batch_size']} in {c['micro_batches']} micro-batches, {c['steps']} steps, "
         f"corpus shakespeare. Async placement: stages {r['placement']} on "
-        f"{len(r['placement'])} worker processes with {r['threads_per_worker']} threads "
-        f"({sum(r['threads_per_worker'])} in all, {r['cores']} cores). Every end-to-end run is "
+        f"{len(r['placement'])} worker processes with {r['threads']} threads "
+        f"({sum(r['threads'])} in all, {r['cores']} cores). Every end-to-end run is "
         f"a fresh process through `lmrepro.rgc.train`, {a['repeats']} interleaved repeats "
         "(medians).\n",
         "### Each stage's compute alone (ms)\n",
@@ -327,7 +327,7 @@ def section_rgc(r: dict | None) -> str:
                  "the gradients with H > 1, the per-step all-reduce; with a stale consensus the "
                  "steps overlap). *bubble* = the ideal step's time the slowest worker is idle. "
                  "Backprop *same cores*: "
-                 f"{sum(r['threads_per_worker'])} threads. Backprop *paper ratio*: the paper "
+                 f"{sum(r['threads'])} threads. Backprop *paper ratio*: the paper "
                  f"gives async {pa['async_threads']} threads and backprop "
                  f"{pa['backprop_threads']}; scaled to this machine backprop gets "
                  f"{pa['backprop_cores_here']:.2f} cores ({pa['how']}).\n")
@@ -496,7 +496,7 @@ def section_rgc_paper_shape(r: dict | None, name: str) -> str:
            f"{c['context']}, {c['n_stages']} stages, H = {c['horizon']}; batch "
            f"{c['batch_size']} in {c['micro_batches']} micro-batches; {c['steps']} steps per "
            f"run (the first left out of the step times). Async: stages {r['placement']} on "
-           f"workers of {r['threads_per_worker']} threads; backprop: "
+           f"workers of {r['threads']} threads; backprop: "
            f"{r['backprop_threads']} threads.\n",
            "**Tensor-byte account** (MiB, `lmrepro.rgc.byte_account`, from the configuration; "
            "*snapshot* is the end-of-run hand-over, outside the steps):\n"]

@@ -70,3 +70,48 @@ def test_config_error_lists_every_problem(tmp_path):
 def test_missing_params_file(tmp_path):
     with pytest.raises(ParameterError, match="params_file"):
         load_params(tmp_path / "absent.yaml")
+
+
+def _sections_with_renames() -> list[type]:
+    import lmrepro.wings  # noqa: F401  (every wing's sections are imported)
+    from lmrepro.config import Section
+
+    out, todo = [], list(Section.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.__dict__.get("renamed"):
+            out.append(cls)
+    return out
+
+
+def test_every_renamed_key_is_refused_with_its_new_name():
+    """A key a section renamed is never ignored nor silently mapped: building the section with
+    it gives a one-line error naming the old key, its value and the new key."""
+    sections = _sections_with_renames()
+    names = {c.__name__ for c in sections}
+    assert {"ScapeConfig", "RGCConfig", "RGCScaling", "ScalingStudy"} <= names
+    for cls in sections:
+        for old, hint in cls.renamed.items():
+            assert old not in cls.model_fields, (cls.__name__, old)
+            new = hint.split()[1]
+            assert new in cls.model_fields, (cls.__name__, hint)
+            with pytest.raises(ConfigError) as err:
+                cls(**{old: 7})
+            message = str(err.value)
+            assert f"{old} = 7: this key was renamed: use {new}" in message
+            assert len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("section,old,new", [
+    ("scape", "density_warmup_steps", "sparsity_warmup_steps"),
+    ("scape", "density_start", "sparsity_start"),
+    ("rgc", "worker_timeout_s", "timeout_s"),
+    ("rgc", "threads_per_worker", "threads"),
+])
+def test_an_old_key_in_the_params_file_names_the_new_one(tmp_path, section, old, new):
+    def mutate(raw):
+        value = raw[section].pop(new, 1)
+        raw[section][old] = value
+    with pytest.raises(ConfigError, match=rf"{section}\.{old} = .*renamed: use {new}"):
+        load_params(write_variant(tmp_path, mutate))

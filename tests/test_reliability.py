@@ -137,7 +137,7 @@ RGC_SLOW = textwrap.dedent("""
 
 TINY_RGC = dict(n_layers=2, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16,
                 batch_size=4, micro_batches=2, warmup_steps=1, lr=3e-3, eval_batch_size=4,
-                eval_batches=2, stages_per_worker=[1, 1], threads_per_worker=[1, 1],
+                eval_batches=2, stages_per_worker=[1, 1], threads=[1, 1],
                 backprop_threads=1, cores=2)
 
 
@@ -689,7 +689,7 @@ def _rgc_run(out: Path, executor: str, steps: int = 6):
     torch.set_num_threads(1)
     data = np.frombuffer(RGC_TEXT, dtype=np.uint8).copy()
     cfg = RGCConfig(**{**TINY_RGC, "steps": steps, "checkpoint_every": 3,
-                       "worker_timeout_s": 60.0})
+                       "timeout_s": 60.0})
     return train(cfg, executor, data[:6000], data[6000:], out, corpus="austen")
 
 

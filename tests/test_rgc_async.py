@@ -30,8 +30,8 @@ TRAIN, VAL = DATA[:5000], DATA[5000:]
 def cfg(**kw) -> RGCConfig:
     base = dict(n_layers=4, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16, steps=5,
                 batch_size=4, micro_batches=2, warmup_steps=2, lr=3e-3, eval_batch_size=4,
-                eval_batches=3, checkpoint_every=2, threads_per_worker=(1, 1),
-                backprop_threads=1, worker_timeout_s=60.0)
+                eval_batches=3, checkpoint_every=2, threads=(1, 1),
+                backprop_threads=1, timeout_s=60.0)
     base.update(kw)
     return RGCConfig(**base)
 
@@ -75,7 +75,7 @@ def test_async_resume_continues_from_checkpoint(straight, tmp_path: Path) -> Non
 
 def four(**kw) -> RGCConfig:
     """K = 4 stages of one block each; placements and horizons vary per test."""
-    return cfg(**{"n_stages": 4, "threads_per_worker": None, "steps": 4, **kw})
+    return cfg(**{"n_stages": 4, "threads": None, "steps": 4, **kw})
 
 
 def assert_same_run(a, b) -> None:
@@ -231,7 +231,7 @@ def test_failing_stage_in_the_backward_path_is_named(action: str, needle: str,
     monkeypatch.setenv(FAULT_ENV, f"rgc-stage2-backward@1={action}")
     t0 = time.monotonic()
     with pytest.raises(StageWorkerError) as ei:
-        train(four(horizon=2, stages_per_worker=[2, 2], worker_timeout_s=6.0), "async", TRAIN,
+        train(four(horizon=2, stages_per_worker=[2, 2], timeout_s=6.0), "async", TRAIN,
               VAL)
     assert ei.value.stage == 2 and ei.value.worker == 1
     assert "stage 2 failed (worker 1)" in str(ei.value) and needle in str(ei.value)
@@ -259,12 +259,12 @@ def test_crashing_stage_stops_the_run_with_its_traceback(kind: str, stage: int, 
 
 
 def test_hanging_stage_times_out_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stage 0 stops producing: stage 1's queue get gives up after worker_timeout_s, and the
+    """Stage 0 stops producing: stage 1's queue get gives up after timeout_s, and the
     error names the stage that hung (0), not the one that reported it (1)."""
     monkeypatch.setenv(FAULT_ENV, "rgc-stage0@1=hang")
     t0 = time.monotonic()
     with pytest.raises(StageWorkerError) as ei:
-        train(cfg(steps=4, worker_timeout_s=8.0), "async", TRAIN, VAL)
+        train(cfg(steps=4, timeout_s=8.0), "async", TRAIN, VAL)
     assert ei.value.stage == 0
     assert "WaitTimeout" in str(ei.value) and "from stage 0" in str(ei.value)
     assert "stage 0 (worker 0) made no progress" in str(ei.value)
@@ -277,7 +277,7 @@ def test_the_first_timeout_of_a_chain_blames_the_stage_at_its_end(
     2, 2 on 3) and stage 0, which waited longest, times out first; the error names stage 3."""
     monkeypatch.setenv(FAULT_ENV, "rgc-stage3-backward@1=hang")
     with pytest.raises(StageWorkerError) as ei:
-        train(four(horizon=2, worker_timeout_s=6.0), "async", TRAIN, VAL)
+        train(four(horizon=2, timeout_s=6.0), "async", TRAIN, VAL)
     assert ei.value.stage == 3 and "stage 3 (worker 3) made no progress" in str(ei.value)
 
 

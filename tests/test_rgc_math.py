@@ -162,14 +162,14 @@ def test_decoder_gradient_is_the_mean_of_the_stage_readout_gradients() -> None:
     (dict(n_layers=8, n_stages=4, horizon=0), "rgc.horizon"),
     (dict(n_layers=8, n_stages=4, horizon=5), "rgc.horizon"),
     (dict(batch_size=6, micro_batches=4), "rgc.micro_batches"),
-    (dict(n_stages=4, threads_per_worker=(1, 1)), "rgc.threads_per_worker"),
-    (dict(n_stages=4, threads_per_worker=(1, 0, 1, 1)), "rgc.threads_per_worker"),
+    (dict(n_stages=4, threads=(1, 1)), "rgc.threads"),
+    (dict(n_stages=4, threads=(1, 0, 1, 1)), "rgc.threads"),
     (dict(n_stages=4, stages_per_worker=(2, 1)), "rgc.stages_per_worker"),
     (dict(n_stages=4, stages_per_worker=(2, 0, 2)), "rgc.stages_per_worker"),
-    (dict(n_stages=4, stages_per_worker=(2, 2), threads_per_worker=(1, 1, 1)),
-     "rgc.threads_per_worker"),
-    (dict(n_stages=4, stages_per_worker=(2, 2), threads_per_worker=(2, 1), cores=2),
-     "rgc.threads_per_worker"),
+    (dict(n_stages=4, stages_per_worker=(2, 2), threads=(1, 1, 1)),
+     "rgc.threads"),
+    (dict(n_stages=4, stages_per_worker=(2, 2), threads=(2, 1), cores=2),
+     "rgc.threads"),
     (dict(n_stages=4, stages_per_worker=(2, 2), backprop_threads=3, cores=2),
      "rgc.backprop_threads"),
     (dict(steps=3, consensus_staleness=3), "rgc.consensus_staleness"),
@@ -186,8 +186,8 @@ def test_bad_config_names_parameter_value_and_allowed(kw: dict, name: str) -> No
 
 def test_oversubscription_warns_clearly() -> None:
     cores = os.cpu_count() or 1
-    cfg = RGCConfig(n_layers=4, n_stages=2, threads_per_worker=(cores, 1))
-    with pytest.warns(ThreadOversubscriptionWarning, match=r"rgc.threads_per_worker.*cores"):
+    cfg = RGCConfig(n_layers=4, n_stages=2, threads=(cores, 1))
+    with pytest.warns(ThreadOversubscriptionWarning, match=r"rgc.threads.*cores"):
         assert check_threads(cfg, "async") == cores + 1
     with pytest.warns(ThreadOversubscriptionWarning, match="rgc.backprop_threads"):
         check_threads(cfg.replace(backprop_threads=cores + 3), "backprop")

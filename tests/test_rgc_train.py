@@ -32,7 +32,7 @@ TRAIN, VAL = DATA[:5000], DATA[5000:]
 def cfg(**kw) -> RGCConfig:
     base = dict(n_layers=4, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16, steps=6,
                 batch_size=4, micro_batches=2, warmup_steps=2, lr=3e-3, eval_batch_size=4,
-                eval_batches=3, checkpoint_every=2, threads_per_worker=(1, 1),
+                eval_batches=3, checkpoint_every=2, threads=(1, 1),
                 backprop_threads=1)
     base.update(kw)
     return RGCConfig(**base)
@@ -115,7 +115,7 @@ KILL_SCRIPT = textwrap.dedent("""
 
 def test_real_kill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     c = cfg(steps=40, checkpoint_every=1)
-    kw = json.dumps({**c.to_dict(), "threads_per_worker": [1, 1]})
+    kw = json.dumps({**c.to_dict(), "threads": [1, 1]})
     DATA.tofile(tmp_path / "data.bin")
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "k"), kw,
                              str(tmp_path / "data.bin")])

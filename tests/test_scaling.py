@@ -97,8 +97,8 @@ def test_warm_ups_scale_with_the_run() -> None:
     from lmrepro.scape.scaling import scaled_settings
 
     s = scaled_settings(ScapeConfig(), 3000, 0.05, 0.1)
-    assert (s.steps, s.warmup_steps, s.density_warmup_steps) == (3000, 150, 300)
-    assert scaled_settings(ScapeConfig(), 300, 0.05, 0.1).density_warmup_steps == 30
+    assert (s.steps, s.warmup_steps, s.sparsity_warmup_steps) == (3000, 150, 300)
+    assert scaled_settings(ScapeConfig(), 300, 0.05, 0.1).sparsity_warmup_steps == 30
 
 
 def test_the_profile_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +156,7 @@ def test_a_tiny_study_runs_resumes_and_is_analysed(tmp_path: Path) -> None:
     from lmrepro.results import read_summary
 
     s = read_summary(stage / "runs/a/L6/seed0/scape90")
-    assert s.config["settings"]["density_warmup_steps"] == round(0.1 * 6)
+    assert s.config["settings"]["sparsity_warmup_steps"] == round(0.1 * 6)
     assert s.details.final_test_bpb is not None
     before = {k: (v / "summary.json").stat().st_mtime_ns for k, v in dirs.items()}
     again = run_study(suite, None, tmp_path / "prepared", stage)   # type: ignore[arg-type]

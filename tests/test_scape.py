@@ -1,5 +1,5 @@
-"""SCAPE (arXiv 2607.01678) as its authors formulate it: the density schedule, ownership and
-k as pure functions; single-process properties (dense AdamS at density 1, clipping, the delayed
+"""SCAPE (arXiv 2607.01678) as its authors formulate it: the sparsity schedule, ownership and
+k as pure functions; single-process properties (dense AdamS at sparsity 0, clipping, the delayed
 mask from the local corrected momentum, weight decay everywhere, parameter groups with an lr
 scheduler, the stale_m ablation, checkpoints, a non-finite gradient); and 2-/3-process gloo runs
 against a plain simulation of every worker (tests/_dist_helpers.ReferenceSCAPE), with replicas
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from _dist_helpers import (ReferenceSCAPE, flat, make_params, owners_by_numel, rank_grads,
                            run_workers)
 from lmrepro.errors import ParameterError
-from lmrepro.optim import SCAPE, AdamS, NonFiniteGradientError, density_at
+from lmrepro.optim import SCAPE, AdamS, NonFiniteGradientError, sparsity_at
 from lmrepro.optim.comm import keep_count
 from lmrepro.optim.scape import assign_owners
 
@@ -47,15 +47,15 @@ def set_grads(ps: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
 # ----------------------------------------------------------------------------------------------
 # pure functions
 # ----------------------------------------------------------------------------------------------
-def test_density_schedule_is_dense_then_linear():
-    d = [density_at(t, 0.01, dense_steps=3, density_start=1.0, warmup_steps=10)
+def test_sparsity_schedule_is_dense_then_linear():
+    s = [sparsity_at(t, 0.99, dense_steps=3, sparsity_start=0.0, warmup_steps=10)
          for t in range(16)]
-    assert d[:3] == [1.0, 1.0, 1.0]
-    assert d[3] == 1.0 and d[13:] == [0.01] * 3
-    steps = [a - b for a, b in zip(d[3:13], d[4:14])]
-    assert all(math.isclose(s, 0.099) for s in steps)            # linear in density
-    assert density_at(0, 0.1) == 0.1                              # no warm-up: the target
-    assert density_at(5, 0.1, density_start=0.5, warmup_steps=10) == pytest.approx(0.3)
+    assert s[:3] == [0.0, 0.0, 0.0]
+    assert s[3] == 0.0 and s[13:] == [0.99] * 3
+    steps = [b - a for a, b in zip(s[3:13], s[4:14])]
+    assert all(math.isclose(x, 0.099) for x in steps)            # linear in sparsity
+    assert sparsity_at(0, 0.9) == pytest.approx(0.9)               # no warm-up: the target
+    assert sparsity_at(5, 0.9, sparsity_start=0.5, warmup_steps=10) == pytest.approx(0.7)
 
 
 def test_owners_are_contiguous_and_balanced():
@@ -82,9 +82,9 @@ def test_keep_count_is_ceil_per_tensor():
 # one process
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("bias_correction", [False, True])
-def test_density_one_is_adams(bias_correction):
+def test_sparsity_zero_is_adams(bias_correction):
     ps, qs = make_params(SHAPES), make_params(SHAPES)
-    opt = SCAPE(grouped(ps), density=1.0, bias_correction=bias_correction, **HP)
+    opt = SCAPE(grouped(ps), sparsity=0.0, bias_correction=bias_correction, **HP)
     ref = AdamS(grouped(qs), betas=BETAS, eps=EPS, bias_correction=bias_correction)
     for t in range(6):
         g = rank_grads(t, 0, SHAPES)
@@ -95,14 +95,14 @@ def test_density_one_is_adams(bias_correction):
         # bias correction multiplies the early steps' rounding (of m rebuilt from the one
         # buffer) by up to 1/(1 - b1) = 10: the issue's 1e-6 is for the AdamS formula
         assert (flat(ps) - flat(qs)).abs().max() <= (5e-6 if bias_correction else 1e-6)
-    assert opt.comm_stats()["mask"] == 0 and opt.last_step_info["density"] == 1.0
+    assert opt.comm_stats()["mask"] == 0 and opt.last_step_info["sparsity"] == 0.0
 
 
 def test_clipping_is_the_global_norm_of_the_synced_gradient():
-    """At density 1 the synced gradient is the gradient: SCAPE clipping == clip_grad_norm_ then
+    """At sparsity 0 the synced gradient is the gradient: SCAPE clipping == clip_grad_norm_ then
     AdamS (m and v rebuilt from the clipped gradient)."""
     ps, qs = make_params(SHAPES), make_params(SHAPES)
-    opt = SCAPE(ps, density=1.0, bias_correction=False, max_grad_norm=0.5, **HP)
+    opt = SCAPE(ps, sparsity=0.0, bias_correction=False, max_grad_norm=0.5, **HP)
     ref = AdamS(qs, **HP)
     for t in range(4):
         g = rank_grads(t, 0, SHAPES)
@@ -121,22 +121,22 @@ def test_matches_reference_single_process_with_schedule_and_groups():
     sim = ReferenceSCAPE(flat(flat_order(ps)), [p.shape for p in flat_order(ps)],
                          sorted(GROUPS), [(0.01, 0.1), (0.02, 0.0)], 1, 0.05, BETAS, EPS,
                          dense_steps=1, density_start=0.5, warmup=2, max_grad_norm=2.0)
-    opt = SCAPE(grouped(ps), density=0.05, dense_steps=1, density_start=0.5,
-                density_warmup_steps=2, max_grad_norm=2.0, betas=BETAS, eps=EPS)
+    opt = SCAPE(grouped(ps), sparsity=0.95, dense_steps=1, sparsity_start=0.5,
+                sparsity_warmup_steps=2, max_grad_norm=2.0, betas=BETAS, eps=EPS)
     for t in range(7):
         g = rank_grads(t, 0, SHAPES)
         set_grads(ps, g)
         opt.step()
         sim.step([flat(flat_order(g))])
         assert torch.allclose(opt.master, sim.params, rtol=1e-6, atol=1e-6), t
-        assert (opt.last_step_info["density"] == 1.0) == (t == 0), t
+        assert (opt.last_step_info["sparsity"] == 0.0) == (t == 0), t
 
 
 def test_mask_is_chosen_from_the_corrected_momentum_one_step_early():
     """World 1: M_t = per-tensor top-k of |c_{t-1}| with c = b1 m + (1-b1) g + r (before the
     update), 1-D tensors whole; the residual is c with M_t zeroed; m is zero off M_t."""
     ps = make_params(SHAPES)
-    opt = SCAPE(ps, density=0.1, **HP)
+    opt = SCAPE(ps, sparsity=0.9, **HP)
     b1 = BETAS[0]
     expected_next = None
     for t in range(5):
@@ -169,7 +169,7 @@ def test_mask_is_chosen_from_the_corrected_momentum_one_step_early():
 
 def test_weight_decay_reaches_every_coordinate_of_its_group():
     ps = make_params(SHAPES)
-    opt = SCAPE(grouped(ps, lrs=(0.1, 0.1), wds=(0.5, 0.0)), density=0.01, **HP)
+    opt = SCAPE(grouped(ps, lrs=(0.1, 0.1), wds=(0.5, 0.0)), sparsity=0.99, **HP)
     set_grads(ps, rank_grads(0, 0, SHAPES))
     opt.step()                                      # a step with a mask: most coordinates off it
     before = [p.detach().clone() for p in ps]
@@ -184,7 +184,7 @@ def test_weight_decay_reaches_every_coordinate_of_its_group():
 
 def test_parameter_groups_and_lr_scheduler():
     ps = make_params(SHAPES)
-    opt = SCAPE(grouped(ps, lrs=(0.01, 0.001)), density=0.1, **HP)
+    opt = SCAPE(grouped(ps, lrs=(0.01, 0.001)), sparsity=0.9, **HP)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4, eta_min=0.0)
     lrs = []
     for t in range(4):
@@ -203,10 +203,10 @@ def test_parameter_groups_and_lr_scheduler():
 
 def test_stale_m_ablation_keeps_frozen_moments_and_sends_gradients():
     ps = make_params(SHAPES)
-    opt = SCAPE(ps, density=0.05, mask_rule="stale_m", bias_correction=False, **HP)
+    opt = SCAPE(ps, sparsity=0.95, mask_rule="stale_m", bias_correction=False, **HP)
     set_grads(ps, rank_grads(0, 0, SHAPES))
     opt.step()
-    assert opt.last_step_info["density"] == 1.0     # no ranking yet: a dense first step
+    assert opt.last_step_info["sparsity"] == 0.0    # no ranking yet: a dense first step
     for t in range(1, 4):
         g = flat(rank_grads(t, 0, SHAPES))
         m_before, r_before = opt.m.clone(), opt.residual.clone()
@@ -229,7 +229,7 @@ def test_stale_m_ablation_keeps_frozen_moments_and_sends_gradients():
 
 def test_state_dict_roundtrip_continues_bit_identically():
     ps, qs = make_params(SHAPES), make_params(SHAPES)
-    a = SCAPE(grouped(ps), density=0.1, max_grad_norm=1.0, betas=BETAS, eps=EPS)
+    a = SCAPE(grouped(ps), sparsity=0.9, max_grad_norm=1.0, betas=BETAS, eps=EPS)
     for t in range(3):
         set_grads(ps, rank_grads(t, 0, SHAPES))
         a.step()
@@ -237,7 +237,7 @@ def test_state_dict_roundtrip_continues_bit_identically():
     torch.save(a.state_dict(), buf)
     buf.seek(0)
     state = torch.load(buf, weights_only=True)
-    b = SCAPE(grouped(qs), density=0.1, max_grad_norm=1.0, betas=BETAS, eps=EPS)
+    b = SCAPE(grouped(qs), sparsity=0.9, max_grad_norm=1.0, betas=BETAS, eps=EPS)
     with torch.no_grad():
         for p, q in zip(ps, qs):
             q.copy_(p)
@@ -251,13 +251,13 @@ def test_state_dict_roundtrip_continues_bit_identically():
         assert torch.equal(flat(ps), flat(qs))
     assert torch.equal(a.residual, b.residual) and a.coverage() == b.coverage()
     with pytest.raises(ParameterError, match="mask_rule"):
-        SCAPE(grouped(make_params(SHAPES)), density=0.1,
+        SCAPE(grouped(make_params(SHAPES)), sparsity=0.9,
               mask_rule="stale_m").load_state_dict(state)
 
 
 def test_non_finite_gradient_names_the_parameter_and_changes_nothing():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-    opt = SCAPE(model.named_parameters(), density=0.5, **HP)
+    opt = SCAPE(model.named_parameters(), sparsity=0.5, **HP)
     model(torch.randn(5, 3)).sum().backward()
     opt.step()
     state = {k: v.clone() if isinstance(v, torch.Tensor) else v
@@ -280,7 +280,7 @@ def test_non_finite_gradient_names_the_parameter_and_changes_nothing():
 
 def test_bf16_parameters_keep_an_fp32_master():
     ps = [p.detach().to(torch.bfloat16).requires_grad_(True) for p in make_params(SHAPES)]
-    opt = SCAPE(ps, density=0.1, **HP)
+    opt = SCAPE(ps, sparsity=0.9, **HP)
     for t in range(3):
         set_grads(ps, [g.to(torch.bfloat16) for g in rank_grads(t, 0, SHAPES)])
         opt.step()
@@ -293,10 +293,10 @@ def test_bf16_parameters_keep_an_fp32_master():
 # ----------------------------------------------------------------------------------------------
 def _gloo_worker(rank: int, world: int) -> dict:
     out: dict = {}
-    # (a) density 1, no bias correction == dense AdamS on the averaged gradient
+    # (a) sparsity 0, no bias correction == dense AdamS on the averaged gradient
     for bc in (False, True):
         ps, qs = make_params(SHAPES), make_params(SHAPES)
-        opt = SCAPE(grouped(ps), density=1.0, bias_correction=bc, betas=BETAS, eps=EPS)
+        opt = SCAPE(grouped(ps), sparsity=0.0, bias_correction=bc, betas=BETAS, eps=EPS)
         ref = AdamS(grouped(qs), betas=BETAS, eps=EPS, bias_correction=bc)
         for t in range(4):
             set_grads(ps, rank_grads(t, rank, SHAPES))
@@ -313,8 +313,8 @@ def _gloo_worker(rank: int, world: int) -> dict:
         sim = ReferenceSCAPE(flat(order), [p.shape for p in order], sorted(GROUPS),
                              [(0.01, 0.1), (0.02, 0.0)], world, density, BETAS, EPS,
                              dense_steps=1, density_start=0.5, warmup=2, max_grad_norm=3.0)
-        opt = SCAPE(grouped(ps), density=density, dense_steps=1, density_start=0.5,
-                    density_warmup_steps=2, max_grad_norm=3.0, betas=BETAS, eps=EPS)
+        opt = SCAPE(grouped(ps), sparsity=1 - density, dense_steps=1, sparsity_start=0.5,
+                    sparsity_warmup_steps=2, max_grad_norm=3.0, betas=BETAS, eps=EPS)
         for t in range(7):
             set_grads(ps, rank_grads(t, rank, SHAPES))
             opt.step()
@@ -330,10 +330,10 @@ def _gloo_worker(rank: int, world: int) -> dict:
             assert all(torch.equal(o, mine) for o in others), (density, t)
             if t >= 3:                              # steady state: the analytic byte count
                 assert opt.comm_stats() == opt.expected_bytes(t), (density, t)
-        out[density] = opt.mask_encoding(density)[0]
+        out[density] = opt.mask_encoding(1 - density)[0]
     # (c) the ablation runs distributed with identical replicas too
     ps = make_params(SHAPES)
-    opt = SCAPE(ps, density=0.05, mask_rule="stale_m", **HP)
+    opt = SCAPE(ps, sparsity=0.95, mask_rule="stale_m", **HP)
     for t in range(4):
         set_grads(ps, rank_grads(t, rank, SHAPES))
         opt.step()
@@ -343,7 +343,7 @@ def _gloo_worker(rank: int, world: int) -> dict:
     assert all(torch.equal(o, mine) for o in others)
     # (d) a non-finite gradient on the last rank only: every rank raises, nobody hangs
     ps = make_params(SHAPES)
-    opt = SCAPE(ps, density=0.1, **HP)
+    opt = SCAPE(ps, sparsity=0.9, **HP)
     set_grads(ps, rank_grads(0, rank, SHAPES))
     opt.step()
     before = flat(ps)
@@ -359,7 +359,7 @@ def _gloo_worker(rank: int, world: int) -> dict:
     assert torch.equal(flat(ps), before)
     # (e) mismatched parameter sizes across ranks -> ParameterError on every rank
     try:
-        SCAPE(make_params([(10 + rank,)]), density=0.5)
+        SCAPE(make_params([(10 + rank,)]), sparsity=0.5)
     except ParameterError as err:
         out["mismatch"] = str(err)
     return out
@@ -380,16 +380,16 @@ def test_gloo_workers_match_the_simulation(world):
 # ----------------------------------------------------------------------------------------------
 # bad input
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5, float("nan"), "0.9", True])
-def test_bad_density(bad):
-    with pytest.raises(ParameterError, match=r"SCAPE\.density = .*\(0, 1\]"):
-        SCAPE(make_params(SHAPES), density=bad)
+@pytest.mark.parametrize("bad", [1.0, -0.1, 1.5, float("nan"), "0.9", True])
+def test_bad_sparsity(bad):
+    with pytest.raises(ParameterError, match=r"SCAPE\.sparsity = .*\[0, 1\)"):
+        SCAPE(make_params(SHAPES), sparsity=bad)
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"density_warmup_steps": -1}, r"density_warmup_steps = -1: must be an integer >= 0"),
+    ({"sparsity_warmup_steps": -1}, r"sparsity_warmup_steps = -1: must be an integer >= 0"),
     ({"dense_steps": 2.5}, r"dense_steps = 2.5"),
-    ({"density_start": 0.0}, r"density_start = 0.0"),
+    ({"sparsity_start": 1.0}, r"sparsity_start = 1.0"),
     ({"max_grad_norm": 0.0}, r"max_grad_norm = 0.0: must be None"),
     ({"max_grad_norm": float("inf")}, r"max_grad_norm = inf"),
     ({"mask_rule": "m_abs"}, r"mask_rule = 'm_abs': must be one of"),
@@ -398,40 +398,40 @@ def test_bad_density(bad):
 ])
 def test_bad_options(kw, match):
     with pytest.raises(ParameterError, match=match):
-        SCAPE(make_params(SHAPES), density=0.1, **kw)
+        SCAPE(make_params(SHAPES), sparsity=0.9, **kw)
 
 
 def test_bad_parameter_groups():
     ps = make_params(SHAPES)
     with pytest.raises(ParameterError, match=r"params\[1\] = .*'params' entry"):
-        SCAPE([{"params": ps[:2]}, {"lr": 0.1}], density=0.1)
+        SCAPE([{"params": ps[:2]}, {"lr": 0.1}], sparsity=0.9)
     with pytest.raises(ParameterError, match=r"params\[0\]\.weight_decay = -1"):
-        SCAPE([{"params": ps, "weight_decay": -1}], density=0.1)
+        SCAPE([{"params": ps, "weight_decay": -1}], sparsity=0.9)
     with pytest.raises(ParameterError, match=r"params\[0\]\.betas.*only lr and weight_decay"):
-        SCAPE([{"params": ps, "betas": (0.5, 0.5)}], density=0.1)
+        SCAPE([{"params": ps, "betas": (0.5, 0.5)}], sparsity=0.9)
     with pytest.raises(ParameterError, match=r"unknown parameter-group keys"):
-        SCAPE([{"params": ps, "momentum": 0.9}], density=0.1)
+        SCAPE([{"params": ps, "momentum": 0.9}], sparsity=0.9)
     with pytest.raises(ParameterError, match="listed twice"):
-        SCAPE([{"params": ps}, {"params": ps[:1]}], density=0.1)
+        SCAPE([{"params": ps}, {"params": ps[:1]}], sparsity=0.9)
     with pytest.raises(ParameterError, match=r"params\[0\]\.params.*at least one"):
-        SCAPE([{"params": []}], density=0.1)
-    opt = SCAPE(ps, density=0.1)
+        SCAPE([{"params": []}], sparsity=0.9)
+    opt = SCAPE(ps, sparsity=0.9)
     with pytest.raises(ParameterError, match="add_param_group"):
         opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
 
 
 def test_missing_grad_and_mixed_devices_and_group():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-    opt = SCAPE(model.named_parameters(), density=0.5)
+    opt = SCAPE(model.named_parameters(), sparsity=0.5)
     model[0](torch.randn(2, 3)).sum().backward()        # second layer gets no gradient
     with pytest.raises(ParameterError, match=r"1\.weight.*grad.*loss\.backward"):
         opt.step()
     a = torch.randn(3, requires_grad=True)
     b = torch.randn(3, device="meta", requires_grad=True)
     with pytest.raises(ParameterError, match="one device"):
-        SCAPE([a, b], density=0.1)
+        SCAPE([a, b], sparsity=0.9)
     with pytest.raises(ParameterError, match="process_group"):
-        SCAPE(make_params(SHAPES), density=0.1, process_group=object())
+        SCAPE(make_params(SHAPES), sparsity=0.9, process_group=object())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -442,9 +442,9 @@ def test_decay_scope_mask_decays_only_the_coordinates_of_the_step():
     """decay_scope="mask" (an ablation): a coordinate off the mask keeps its value exactly
     (no gradient step and no decay), one on it moves; the default decays every coordinate."""
     ps = make_params(SHAPES)
-    opt = SCAPE(grouped(ps), density=0.05, decay_scope="mask", **HP)
+    opt = SCAPE(grouped(ps), sparsity=0.95, decay_scope="mask", **HP)
     base = make_params(SHAPES)
-    dflt = SCAPE(grouped(base), density=0.05, **HP)
+    dflt = SCAPE(grouped(base), sparsity=0.95, **HP)
     for t in range(3):
         before = opt.master.clone()
         set_grads(ps, rank_grads(t, 0, SHAPES))
@@ -460,7 +460,7 @@ def test_decay_scope_mask_decays_only_the_coordinates_of_the_step():
     lo, hi = dflt.group_bounds[0]
     assert (dflt.master[lo:hi] != opt.master[lo:hi]).float().mean() > 0.5
     with pytest.raises(ParameterError, match=r"SCAPE\.decay_scope = 'some'"):
-        SCAPE(make_params(SHAPES), density=0.1, decay_scope="some")
+        SCAPE(make_params(SHAPES), sparsity=0.9, decay_scope="some")
 
 
 def test_mask_diagnostics_describe_consecutive_masks():
@@ -468,7 +468,7 @@ def test_mask_diagnostics_describe_consecutive_masks():
     mean |u| of the coordinates entering / staying, read back from the step itself; a coordinate
     re-entering with m_prev = 0 steps by about (1 - b1) / sqrt(1 - b2) before bias correction."""
     ps = make_params(SHAPES)
-    opt = SCAPE(grouped(ps), density=0.05, bias_correction=False, **HP)
+    opt = SCAPE(grouped(ps), sparsity=0.95, bias_correction=False, **HP)
     top = torch.zeros(opt.n, dtype=torch.bool)
     for s in opt.slots:
         if not s.excluded:

@@ -44,13 +44,13 @@ METHODS = [("adamw", 0.0, {}), ("adams", 0.0, {}), ("topk", 0.99, {}),
 @pytest.mark.parametrize("optimizer,sparsity,variant", METHODS)
 def test_single_process_run_layout(corpus, tmp_path, monkeypatch, optimizer, sparsity, variant):
     """World of one without torchrun (local collectives); results in the lmrepro.results layout
-    with the sparse methods' density, coverage and residual per step."""
+    with the sparse methods' sparsity, coverage and residual per step."""
     from lmrepro.scape.trainer import train
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     settings, run, model, target = _run(corpus, tmp_path / "run", optimizer, sparsity, steps=6,
-                                        density_warmup_steps=2, dense_steps=1)
+                                        sparsity_warmup_steps=2, dense_steps=1)
     run = run.replace(**variant, lr=2e-3)
     out = train(settings, run, model, target)
     r = read_run(out)
@@ -72,12 +72,12 @@ def test_single_process_run_layout(corpus, tmp_path, monkeypatch, optimizer, spa
         assert steps[-1]["bytes_grad_values"] == 4 * n and steps[-1]["bytes_mask"] == 0
         assert "coverage" not in steps[-1]
     else:
-        assert all(0 < x["density"] <= 1 and x["residual_norm"] >= 0 for x in steps)
+        assert all(0 <= x["sparsity"] < 1 and x["residual_norm"] >= 0 for x in steps)
         assert 0 < steps[-1]["coverage"] <= 1 and s["details"]["final_coverage"] > 0
     if optimizer == "scape":                # the schedule: 1 dense step, then 1 -> 0.1 over 2
-        assert steps[0]["density"] == 1.0 and steps[0]["coverage"] == 0.0
-        assert steps[-1]["density"] < steps[2]["density"] < 1.0
-        # counted from the target density on (step 3): fewer coordinates than while warming up
+        assert steps[0]["sparsity"] == 0.0 and steps[0]["coverage"] == 0.0
+        assert steps[-1]["sparsity"] > steps[2]["sparsity"] > 0.0
+        # counted from the target sparsity on (step 3): fewer coordinates than while warming up
         assert steps[2]["coverage_at_target"] == 0.0
         assert 0 < steps[-1]["coverage_at_target"] < steps[-1]["coverage"]
     # a finished run is skipped, not retrained
@@ -122,10 +122,10 @@ def test_bad_input(corpus, tmp_path):
         ScapeRun(optimizer="scape", sparsity=0.9, topk_inner="adamw")
     with pytest.raises(ParameterError, match=r"scape\.runs\[\]\.lr = 0\.0"):
         ScapeRun(optimizer="adamw", lr=0.0)
-    with pytest.raises(ParameterError, match=r"scape\.density_start = 0\.0"):
-        ScapeConfig(density_start=0.0)
-    with pytest.raises(ParameterError, match=r"scape\.density_warmup_steps = -1"):
-        ScapeConfig(density_warmup_steps=-1)
+    with pytest.raises(ParameterError, match=r"scape\.sparsity_start = 1\.0"):
+        ScapeConfig(sparsity_start=1.0)
+    with pytest.raises(ParameterError, match=r"scape\.sparsity_warmup_steps = -1"):
+        ScapeConfig(sparsity_warmup_steps=-1)
     with pytest.raises(ParameterError, match=r"scape\.max_grad_norm = 0\.0"):
         ScapeConfig(max_grad_norm=0.0)
 
@@ -139,7 +139,7 @@ def test_kill_worker_then_resume_is_bit_identical(corpus, tmp_path):
     from lmrepro.scape.launch import launch_train_scape
 
     cfg, run, model, _ = _run(corpus, tmp_path, "scape", 0.9, checkpoint_every=4,
-                              dense_steps=1, density_warmup_steps=4)
+                              dense_steps=1, sparsity_warmup_steps=4)
     args = (cfg, run, model)
     ref = launch_train_scape(corpus, tmp_path / "ref", 2, *args, seed=SEED, timeout_s=100)
 
@@ -156,7 +156,7 @@ def test_kill_worker_then_resume_is_bit_identical(corpus, tmp_path):
 
     a, b = read_run(ref), read_run(done)
     keys = ("step", "loss", "lr", "bytes_grad_values", "bytes_param_values", "bytes_mask",
-            "density", "coverage", "coverage_at_target", "residual_norm", "grad_norm")
+            "sparsity", "coverage", "coverage_at_target", "residual_norm", "grad_norm")
     rows_a = [{k: r[k] for k in keys} for r in a["metrics"] if "loss" in r]
     rows_b = [{k: r[k] for k in keys} for r in b["metrics"] if "loss" in r]
     assert len(rows_a) == 12 and rows_a == rows_b
@@ -284,7 +284,7 @@ decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
 no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
 optimizer = SCAPE([{"params": decay, "weight_decay": 0.1},
                    {"params": no_decay, "weight_decay": 0.0}],
-                  lr=3e-2, betas=(0.9, 0.95), density=0.1)
+                  lr=3e-2, betas=(0.9, 0.95), sparsity=0.9)
 scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=30, eta_min=3e-3)
 gen = torch.Generator().manual_seed(100 + rank)
 losses = []

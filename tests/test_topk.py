@@ -64,7 +64,7 @@ def _worker(rank: int, world: int) -> dict:
     for kind in ("adams", "adamw"):
         ps = make_params(SHAPES)
         ref = _RefTopK(flat(ps), world, 0.01, kind, 2.0)
-        opt = TopKEF(_inner(kind, ps), density=0.01, max_grad_norm=2.0)
+        opt = TopKEF(_inner(kind, ps), sparsity=0.99, max_grad_norm=2.0)
         n = flat(ps).numel()
         for t in range(4):
             for p, g in zip(ps, rank_grads(t, rank, SHAPES)):
@@ -85,7 +85,7 @@ def _worker(rank: int, world: int) -> dict:
         assert 0 < opt.coverage() <= world * 4 * 40 / (n - 31)
     # a non-finite gradient on one rank: every rank raises, nothing moves
     ps = make_params(SHAPES)
-    opt = TopKEF(_inner("adams", ps), density=0.1)
+    opt = TopKEF(_inner("adams", ps), sparsity=0.9)
     before = flat(ps)
     g = rank_grads(0, rank, SHAPES)
     if rank == 1:
@@ -106,12 +106,12 @@ def test_topk_two_workers_match_simulation():
 
 def test_single_process_state_roundtrip():
     ps, qs = make_params(SHAPES), make_params(SHAPES)
-    a = TopKEF(_inner("adams", ps), density=0.1)
+    a = TopKEF(_inner("adams", ps), sparsity=0.9)
     for t in range(2):
         for p, g in zip(ps, rank_grads(t, 0, SHAPES)):
             p.grad = g
         a.step()
-    b = TopKEF(_inner("adams", qs), density=0.1)
+    b = TopKEF(_inner("adams", qs), sparsity=0.9)
     with torch.no_grad():
         for p, q in zip(ps, qs):
             q.copy_(p)
@@ -126,25 +126,25 @@ def test_single_process_state_roundtrip():
 
 def test_bad_input():
     ps = make_params(SHAPES)
-    with pytest.raises(ParameterError, match=r"TopKEF\.density = 0.0"):
-        TopKEF(_inner("adams", ps), density=0.0)
+    with pytest.raises(ParameterError, match=r"TopKEF\.sparsity = 1.0"):
+        TopKEF(_inner("adams", ps), sparsity=1.0)
     with pytest.raises(ParameterError, match=r"TopKEF\.optimizer"):
-        TopKEF(ps, density=0.1)                               # type: ignore[arg-type]
+        TopKEF(ps, sparsity=0.9)                               # type: ignore[arg-type]
     with pytest.raises(ParameterError, match=r"TopKEF\.max_grad_norm = -1"):
-        TopKEF(_inner("adams", ps), density=0.1, max_grad_norm=-1)
-    opt = TopKEF(_inner("adams", make_params(SHAPES)), density=0.5)
+        TopKEF(_inner("adams", ps), sparsity=0.9, max_grad_norm=-1)
+    opt = TopKEF(_inner("adams", make_params(SHAPES)), sparsity=0.5)
     with pytest.raises(ParameterError, match=r"params\[0\].*grad"):
         opt.step()
 
 
-def test_topk_takes_the_sparse_methods_density_schedule():
-    """Top-k ramps its density down as SCAPE does (density_at): dense steps first (then it is
+def test_topk_takes_the_sparse_methods_sparsity_schedule():
+    """Top-k ramps its sparsity up as SCAPE does (sparsity_at): dense steps first (then it is
     the inner optimizer on the gradient itself, with an empty residual), then linear to the
     target, then the target, whose bytes are expected_bytes()."""
-    from lmrepro.optim import density_at
+    from lmrepro.optim import sparsity_at
 
     ps, qs = make_params(SHAPES), make_params(SHAPES)
-    opt = TopKEF(_inner("adams", ps), density=0.01, dense_steps=1, density_warmup_steps=4)
+    opt = TopKEF(_inner("adams", ps), sparsity=0.99, dense_steps=1, sparsity_warmup_steps=4)
     ref = _inner("adams", qs)
     n = flat(ps).numel()
     for t in range(7):
@@ -152,26 +152,26 @@ def test_topk_takes_the_sparse_methods_density_schedule():
         for p, q, g in zip(ps, qs, grads):
             p.grad, q.grad = g.clone(), g.clone()
         opt.step()
-        d = density_at(t, 0.01, 1, 1.0, 4)
-        assert opt.density_of_step(t) == d
+        d = 1 - sparsity_at(t, 0.99, 1, 0.0, 4)
+        assert opt.sparsity_of_step(t) == sparsity_at(t, 0.99, 1, 0.0, 4)
         kept = sum(n_ if len(s) == 1 else math.ceil(round(d * n_, 6))
                    for s in SHAPES for n_ in [math.prod(s)])
-        assert opt.last_step_info["density"] == pytest.approx(kept / n)
+        assert opt.last_step_info["sparsity"] == pytest.approx(1 - kept / n)
         if t == 0:                          # dense: exactly the inner optimizer
             ref.step()
             assert torch.equal(flat(ps), flat(qs)) and not opt.residual.any()
     assert opt.comm_stats() == opt.expected_bytes()
     state = opt.state_dict()
     assert state["step"] == 7
-    other = TopKEF(_inner("adams", make_params(SHAPES)), density=0.01, dense_steps=1,
-                   density_warmup_steps=4)
+    other = TopKEF(_inner("adams", make_params(SHAPES)), sparsity=0.99, dense_steps=1,
+                   sparsity_warmup_steps=4)
     other.load_state_dict(copy.deepcopy(state))
-    assert other.density_of_step(other._step) == 0.01 and other._step == 7
+    assert other.sparsity_of_step(other._step) == 0.99 and other._step == 7
 
 
 def test_topk_bad_schedule():
     ps = make_params(SHAPES)
-    with pytest.raises(ParameterError, match=r"TopKEF\.density_warmup_steps = -1"):
-        TopKEF(_inner("adams", ps), density=0.1, density_warmup_steps=-1)
-    with pytest.raises(ParameterError, match=r"TopKEF\.density_start = 0"):
-        TopKEF(_inner("adams", ps), density=0.1, density_start=0)
+    with pytest.raises(ParameterError, match=r"TopKEF\.sparsity_warmup_steps = -1"):
+        TopKEF(_inner("adams", ps), sparsity=0.9, sparsity_warmup_steps=-1)
+    with pytest.raises(ParameterError, match=r"TopKEF\.sparsity_start = 1"):
+        TopKEF(_inner("adams", ps), sparsity=0.9, sparsity_start=1)

@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from lmrepro.errors import ConfigError
 
@@ -83,6 +83,18 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
                               validate_default=True)
     key: ClassVar[str] = ""
+    #: keys this section once had, each with what replaced it: an old key in a parameter file is
+    #: refused with a one-line error naming the new key (never silently ignored or mapped)
+    renamed: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in cls.renamed.items():
+                if old in data:
+                    raise field_error(old, data[old], f"this key was renamed: {new}")
+        return data
 
     def __init__(self, **data: Any) -> None:
         try:

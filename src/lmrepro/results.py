@@ -74,7 +74,7 @@ class RunDetails(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     final_test_bpb: float | None = None   # the final model on the test split (where scored)
-    mean_density: float | None = None     # fraction of coordinates sent, over the sparse steps
+    mean_sparsity: float | None = None    # fraction of coordinates not sent, over the sparse steps
 
     @classmethod
     def of(cls, summary: RunSummary | Mapping[str, Any]) -> Self:

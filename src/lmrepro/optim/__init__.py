@@ -12,7 +12,7 @@ from typing import Any
 _EXPORTS = {
     "AdamS": "adams", "adams_update": "adams", "DenseDP": "comm", "MASK_RULES": "scape",
     "NonFiniteGradientError": "errors", "ParameterError": "errors", "SCAPE": "scape",
-    "TopKEF": "topk", "density_at": "scape", "weight_decay_groups": "groups",
+    "TopKEF": "topk", "sparsity_at": "scape", "weight_decay_groups": "groups",
 }
 __all__ = sorted(_EXPORTS)
 

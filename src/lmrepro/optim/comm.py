@@ -300,17 +300,18 @@ class FlatParams:
 
 
 # ---------------------------------------------------------------------------------------------
-# density, top-k, bit packing, clipping
+# sparsity, top-k, bit packing, clipping
 # ---------------------------------------------------------------------------------------------
-def check_density(density: Any, name: str) -> None:
-    check(isinstance(density, (int, float)) and not isinstance(density, bool)
-          and 0.0 < float(density) <= 1.0, name, density,
-          "must be a number in (0, 1] (fraction of a tensor's coordinates sent each step; "
-          "density = 1 - sparsity)")
+def check_sparsity(sparsity: Any, name: str) -> None:
+    check(isinstance(sparsity, (int, float)) and not isinstance(sparsity, bool)
+          and 0.0 <= float(sparsity) < 1.0, name, sparsity,
+          "must be a number in [0, 1) (fraction of a tensor's coordinates not sent each step; "
+          "0 is dense)")
 
 
 def keep_count(density: float, numel: int) -> int:
-    """Coordinates kept of a tensor of ``numel``: ``max(1, ceil(density * numel))``, at most
+    """Coordinates kept of a tensor of ``numel`` at ``density = 1 - sparsity``:
+    ``max(1, ceil(density * numel))``, at most
     ``numel`` (docs/scape.md, step 6). The product is rounded to 6 decimals first so that a density
     written as ``1 - 0.99`` (= 0.010000000000000009) keeps 100 of 10 000, not 101."""
     if density >= 1.0:

@@ -1,7 +1,7 @@
 """Bad-argument errors of the optimizer library (standalone: it imports nothing else of lmrepro).
 
 A message always names the parameter, the bad value and what is allowed, e.g.
-``SCAPE.density = 1.5: must be a number in (0, 1]``. :mod:`lmrepro.errors` re-exports these, so
+``SCAPE.sparsity = 1.5: must be a number in [0, 1)``. :mod:`lmrepro.errors` re-exports these, so
 the rest of the package raises and catches the same type.
 """
 

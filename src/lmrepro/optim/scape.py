@@ -4,7 +4,7 @@ Usage (no DDP wrapper: the optimizer communicates itself; a drop-in ``torch.opti
 with parameter groups and ``torch.optim.lr_scheduler``)::
 
     opt = SCAPE([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0}],
-                lr=3e-4, betas=(0.9, 0.95), density=0.01, max_grad_norm=1.0)
+                lr=3e-4, betas=(0.9, 0.95), sparsity=0.99, max_grad_norm=1.0)
     loss.backward()
     opt.step()          # collective: every rank of the group must call it, every step
 
@@ -33,9 +33,10 @@ the current mask) and ``r_i`` the worker's residual in momentum units:
    indices or a bitmap of the owned span, whichever is smaller) that the next step waits for.
 
 Tensors with one dimension (norms, biases) are sent whole every step when
-``exclude_1d_from_topk`` (the default, as the authors'). The density follows
-:func:`density_at`: ``dense_steps`` dense steps, then linear from ``density_start`` to the
-target over ``density_warmup_steps``. A step with no mask yet (step 0 at a density below 1)
+``exclude_1d_from_topk`` (the default, as the authors'). The sparsity follows
+:func:`sparsity_at`: ``dense_steps`` dense steps, then linear from ``sparsity_start`` to the
+target over ``sparsity_warmup_steps``. ``d(t) = 1 - sparsity`` above is the fraction kept (the
+density, the formulas' internal variable). A step with no mask yet (step 0 while sparse)
 bootstraps it synchronously from the owners' local ``c``.
 
 ``mask_rule="stale_m"`` is our first reading, kept as a named ablation: workers send ``g_i + r_i``
@@ -63,10 +64,11 @@ from .comm import (Comm, FlatParams, all_finite, check_grads, check_params, chec
                    unpacked_indices)
 from .errors import ParameterError, check
 from .scape_layout import (DECAY_SCOPES, MASK_RULES, Slot, apply_update, assign_owners,
-                           build_layout, checked_groups, density_at, mask_diagnostics)
+                           build_layout, checked_groups, density_at, mask_diagnostics,
+                           sparsity_at)
 
 __all__ = ["DECAY_SCOPES", "MASK_RULES", "SCAPE", "STATE_FORMAT", "Slot", "assign_owners",
-           "density_at"]
+           "sparsity_at"]
 
 STATE_FORMAT = "lmrepro.SCAPE/2"
 
@@ -92,10 +94,10 @@ class SCAPE(torch.optim.Optimizer):
             ``weight_decay`` and ``names``). All on one device, one floating dtype.
         lr, betas, eps, weight_decay: the AdamS hyper-parameters (arXiv 2505.16363); ``lr`` and
             ``weight_decay`` may differ per group, decoupled decay hits every coordinate.
-        density: target fraction of each tensor's coordinates sent per step, in (0, 1]
-            (``1 - sparsity``); 1 is dense AdamS on the averaged gradient.
-        dense_steps, density_start, density_warmup_steps: the density schedule
-            (:func:`density_at`).
+        sparsity: target fraction of each tensor's coordinates NOT sent per step, in [0, 1)
+            (0.99: 1 % sent); 0 is dense AdamS on the averaged gradient.
+        dense_steps, sparsity_start, sparsity_warmup_steps: the sparsity schedule
+            (:func:`sparsity_at`).
         exclude_1d_from_topk: send 1-D tensors (norms, biases) whole every step.
         bias_correction: Adam's bias correction (the authors' default); False gives exactly
             AdamS's formula.
@@ -110,14 +112,14 @@ class SCAPE(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, density: float = 0.01, *, dense_steps: int = 0,
-                 density_start: float = 1.0, density_warmup_steps: int = 0,
+                 weight_decay: float = 0.0, sparsity: float = 0.99, *, dense_steps: int = 0,
+                 sparsity_start: float = 0.0, sparsity_warmup_steps: int = 0,
                  exclude_1d_from_topk: bool = True, bias_correction: bool = True,
                  max_grad_norm: float | None = None, mask_rule: str = "ef_momentum",
                  decay_scope: str = "all", process_group: Any = None) -> None:
         who = "SCAPE"
-        groups = checked_groups(params, lr, betas, eps, weight_decay, density, dense_steps,
-                                density_start, density_warmup_steps,
+        groups = checked_groups(params, lr, betas, eps, weight_decay, sparsity, dense_steps,
+                                sparsity_start, sparsity_warmup_steps,
                                 {"exclude_1d_from_topk": exclude_1d_from_topk,
                                  "bias_correction": bias_correction},
                                 max_grad_norm, mask_rule, decay_scope)
@@ -129,9 +131,11 @@ class SCAPE(torch.optim.Optimizer):
         super().__init__(groups, defaults)
         self._building = False
 
-        self.density, self.dense_steps = float(density), int(dense_steps)
-        self.density_start = float(density_start)
-        self.density_warmup_steps = int(density_warmup_steps)
+        self.sparsity, self.dense_steps = float(sparsity), int(dense_steps)
+        self.sparsity_start = float(sparsity_start)
+        self.sparsity_warmup_steps = int(sparsity_warmup_steps)
+        # the math works with the fraction kept, density = 1 - sparsity
+        self._density, self._density_start = 1.0 - self.sparsity, 1.0 - self.sparsity_start
         self.exclude_1d_from_topk = bool(exclude_1d_from_topk)
         self.bias_correction = bool(bias_correction)
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
@@ -192,31 +196,34 @@ class SCAPE(torch.optim.Optimizer):
     def num_steps(self) -> int:
         return self._step
 
-    def density_of_step(self, step: int) -> float:
-        """The scheduled density of step ``step`` (0-based)."""
-        return density_at(step, self.density, self.dense_steps, self.density_start,
-                          self.density_warmup_steps)
+    def sparsity_of_step(self, step: int) -> float:
+        """The scheduled sparsity of step ``step`` (0-based): :func:`sparsity_at`."""
+        return 1.0 - self._density_of_step(step)
+
+    def _density_of_step(self, step: int) -> float:
+        return density_at(step, self._density, self.dense_steps, self._density_start,
+                          self.sparsity_warmup_steps)
 
     def comm_stats(self) -> dict[str, int]:
         """Bytes this rank handed to collectives in the last step, by kind, and ``total``."""
         return self.comm.stats()
 
-    def kept(self, density: float) -> list[int]:
-        """Coordinates selected per owner rank at ``density`` (excluded tensors not counted)."""
-        return self.layout.kept(density)
+    def kept(self, sparsity: float) -> list[int]:
+        """Coordinates selected per owner rank at ``sparsity`` (excluded tensors not counted)."""
+        return self.layout.kept(1.0 - sparsity)
 
-    def mask_encoding(self, density: float) -> tuple[str, int]:
-        """How a mask of ``density`` travels: :meth:`.scape_layout.Layout.mask_encoding`."""
-        return self.layout.mask_encoding(density)
+    def mask_encoding(self, sparsity: float) -> tuple[str, int]:
+        """How a mask at ``sparsity`` travels: :meth:`.scape_layout.Layout.mask_encoding`."""
+        return self.layout.mask_encoding(1.0 - sparsity)
 
     def expected_bytes(self, step: int) -> dict[str, int]:
         """Analytic hand-in bytes of step ``step`` once running (not a bootstrap step)."""
-        d, d_next = self.density_of_step(step), self.density_of_step(step + 1)
-        k = self.n if d >= 1.0 else sum(self.kept(d)) + self.n_excluded
+        d, d_next = self._density_of_step(step), self._density_of_step(step + 1)
+        k = self.n if d >= 1.0 else sum(self.layout.kept(d)) + self.n_excluded
         grad = 4 * (k + 1)
         mask = 0
         if d_next < 1.0:
-            kind, size = self.mask_encoding(d_next)
+            kind, size = self.layout.mask_encoding(d_next)
             mask = 4 * size if kind == "index" else size
         return {"grad_values": grad, "param_values": 0, "mask": mask, "total": grad + mask}
 
@@ -224,7 +231,7 @@ class SCAPE(torch.optim.Optimizer):
     def coverage(self, at_target: bool = False) -> float:
         """Fraction of the top-k tensors' coordinates selected at least once during the sparse
         steps so far (0 before the first); ``at_target``: during the steps at the target
-        density only (after the density warm-up, whose higher densities select more)."""
+        sparsity only (after the sparsity warm-up, whose lower sparsities select more)."""
         steps, ever = ((self._target_steps, self.ever_at_target) if at_target
                        else (self._sparse_steps, self.ever))
         if steps == 0 or self.n_eligible == 0:
@@ -251,7 +258,7 @@ class SCAPE(torch.optim.Optimizer):
         """Select this rank's part of the mask of ``density`` and start gathering the parts."""
         own = self._select_owned(source, density)
         pend = _Pending(density=density, own=own)
-        kind, size = self.mask_encoding(density)
+        kind, size = self.layout.mask_encoding(density)
         if kind == "index":
             send = torch.zeros(size, dtype=torch.int32, device=self.device)
             send[:own.numel()] = own.to(torch.int32)
@@ -274,8 +281,8 @@ class SCAPE(torch.optim.Optimizer):
             pend.work.wait()
             pend.work = None
         assert pend.buf is not None and pend.own is not None
-        kind, _ = self.mask_encoding(pend.density)
-        kept = self.kept(pend.density)
+        kind, _ = self.layout.mask_encoding(pend.density)
+        kept = self.layout.kept(pend.density)
         rows = pend.buf.view(self.comm.world, -1)
         parts = []
         for j in range(self.comm.world):
@@ -317,7 +324,7 @@ class SCAPE(torch.optim.Optimizer):
         check_grads(self._params, self._names, "SCAPE")
         self.flat.check_still_bound("SCAPE")
         t = self._step
-        d_now, d_next = self.density_of_step(t), self.density_of_step(t + 1)
+        d_now, d_next = self._density_of_step(t), self._density_of_step(t + 1)
         self.comm.begin_step()
         info: dict[str, Any] = {}
         c, finite = self._corrected_momentum()                          # 1.
@@ -335,10 +342,11 @@ class SCAPE(torch.optim.Optimizer):
         if idx is not None:
             self.ever.index_fill_(0, idx, True)
             self._sparse_steps += 1
-            if d_now == self.density:
+            if d_now == self._density:
                 self.ever_at_target.index_fill_(0, idx, True)
                 self._target_steps += 1
-        info["density"] = (self.n if idx is None else idx.numel()) / self.n
+        # the sparsity reached: the excluded tensors, sent whole, count as sent
+        info["sparsity"] = 1.0 - (self.n if idx is None else idx.numel()) / self.n
         self.last_step_info = info
         self._step += 1
         self.comm.end_step()

@@ -1,5 +1,5 @@
 """What SCAPE (arXiv 2607.01678) decides once, before its first step: the checks of its
-arguments, the density schedule, and the flat layout (where each tensor lives in the flat buffer,
+arguments, the sparsity schedule, and the flat layout (where each tensor lives in the flat buffer,
 which rank chooses its mask, how a mask travels); and two pure pieces of the step on that layout:
 the decoupled update of the flat parameters, and the mask diagnostics (which read a step without
 changing it). The step itself is in :mod:`.scape`.
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .adams import check_hyperparameters
-from .comm import check_density, check_max_grad_norm, check_params, keep_count, param_groups
+from .comm import check_sparsity, check_max_grad_norm, check_params, keep_count, param_groups
 from .errors import check
 
 MASK_RULES = ("ef_momentum", "stale_m")
@@ -23,8 +23,10 @@ DECAY_SCOPES = ("all", "mask")
 
 def density_at(step: int, target: float, dense_steps: int = 0, density_start: float = 1.0,
                warmup_steps: int = 0) -> float:
-    """The density of step ``step`` (0-based): 1 for the first ``dense_steps`` steps, then linear
-    in density from ``density_start`` to ``target`` over ``warmup_steps`` steps, then ``target``.
+    """The fraction of coordinates kept at step ``step`` (0-based; ``1 - sparsity_at``): 1 for
+    the first ``dense_steps`` steps, then linear from ``density_start`` to ``target`` over
+    ``warmup_steps`` steps, then ``target``. The optimizers' internal form of
+    :func:`sparsity_at`, computed from ``1 - sparsity`` as the runs always did.
 
     Linear as the authors' stored run logs show (their GPT-345M log drops the density by
     0.9/10 000 per step from 1); their stored code is geometric,
@@ -35,6 +37,15 @@ def density_at(step: int, target: float, dense_steps: int = 0, density_start: fl
     if warmup_steps > 0 and tau < warmup_steps:
         return density_start + (target - density_start) * tau / warmup_steps
     return target
+
+
+def sparsity_at(step: int, sparsity: float, dense_steps: int = 0, sparsity_start: float = 0.0,
+                warmup_steps: int = 0) -> float:
+    """The scheduled sparsity of step ``step`` (0-based): 0 (dense) for the first
+    ``dense_steps`` steps, then linear from ``sparsity_start`` to ``sparsity`` over
+    ``warmup_steps`` steps, then ``sparsity``."""
+    return 1.0 - density_at(step, 1.0 - sparsity, dense_steps, 1.0 - sparsity_start,
+                            warmup_steps)
 
 
 def assign_owners(numels: list[int], world: int) -> list[int]:
@@ -56,8 +67,8 @@ def assign_owners(numels: list[int], world: int) -> list[int]:
 
 
 def checked_groups(params: Iterable[Any], lr: float, betas: tuple[float, float], eps: float,
-                   weight_decay: float, density: float, dense_steps: int, density_start: float,
-                   density_warmup_steps: int, flags: dict[str, Any],
+                   weight_decay: float, sparsity: float, dense_steps: int,
+                   sparsity_start: float, sparsity_warmup_steps: int, flags: dict[str, Any],
                    max_grad_norm: float | None, mask_rule: str, decay_scope: str
                    ) -> list[dict[str, Any]]:
     """Every check of SCAPE's constructor, then its parameter groups
@@ -65,13 +76,13 @@ def checked_groups(params: Iterable[Any], lr: float, betas: tuple[float, float],
     :class:`~.errors.ParameterError` naming the argument."""
     who = "SCAPE"
     check_hyperparameters(lr, betas, eps, weight_decay, prefix=who)
-    check_density(density, f"{who}.density")
+    check_sparsity(sparsity, f"{who}.sparsity")
     check(isinstance(dense_steps, int) and not isinstance(dense_steps, bool)
           and dense_steps >= 0, f"{who}.dense_steps", dense_steps, "must be an integer >= 0")
-    check_density(density_start, f"{who}.density_start")
-    check(isinstance(density_warmup_steps, int) and not isinstance(density_warmup_steps, bool)
-          and density_warmup_steps >= 0, f"{who}.density_warmup_steps",
-          density_warmup_steps, "must be an integer >= 0")
+    check_sparsity(sparsity_start, f"{who}.sparsity_start")
+    check(isinstance(sparsity_warmup_steps, int) and not isinstance(sparsity_warmup_steps, bool)
+          and sparsity_warmup_steps >= 0, f"{who}.sparsity_warmup_steps",
+          sparsity_warmup_steps, "must be an integer >= 0")
     for name, flag in flags.items():
         check(isinstance(flag, bool), f"{who}.{name}", flag, "must be True or False")
     check_max_grad_norm(max_grad_norm, f"{who}.max_grad_norm")

@@ -2,7 +2,7 @@
 (AdamS: the SCAPE paper's foil; or AdamW).
 
 Each rank ``i`` forms ``a_i = r_i + g_i`` (gradient units), keeps per tensor the ``k = max(1,
-ceil(density * numel))`` coordinates of largest ``|a_i|`` (its OWN mask: masks differ between
+ceil((1 - sparsity) * numel))`` coordinates of largest ``|a_i|`` (its OWN mask: masks differ between
 ranks), and all-gathers their values and indices (indices as int32 or a bitmap, whichever is
 smaller); 1-D tensors are sent whole when ``exclude_1d_from_topk`` (as SCAPE does). Every rank sums
 the ``p`` sparse contributions in rank order, divides by ``p``, clips the result to
@@ -20,13 +20,12 @@ from typing import Any
 
 import torch
 
-from .comm import (Comm, all_finite, check_density, check_grads, check_max_grad_norm,
+from .comm import (Comm, all_finite, check_grads, check_max_grad_norm, check_sparsity,
                    check_params, check_same_size, clip_coefficient, flat_to_grads, grads_to_flat,
                    keep_count, nonfinite_error, pack_bits, params_and_names, topk_indices,
                    unpacked_indices)
 from .errors import check
-from .scape import density_at
-from .scape_layout import excluded_indices
+from .scape_layout import density_at, excluded_indices
 
 
 class TopKEF:
@@ -35,28 +34,29 @@ class TopKEF:
     initialised process group it runs alone with local collectives. Parameter groups, their
     ``lr`` and ``weight_decay`` are the inner optimizer's (``param_groups`` is its list)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, density: float = 0.01, *,
+    def __init__(self, optimizer: torch.optim.Optimizer, sparsity: float = 0.99, *,
                  exclude_1d_from_topk: bool = True, max_grad_norm: float | None = None,
-                 dense_steps: int = 0, density_start: float = 1.0,
-                 density_warmup_steps: int = 0, process_group: Any = None) -> None:
+                 dense_steps: int = 0, sparsity_start: float = 0.0,
+                 sparsity_warmup_steps: int = 0, process_group: Any = None) -> None:
         who = "TopKEF"
         check(isinstance(optimizer, torch.optim.Optimizer), f"{who}.optimizer",
               type(optimizer).__name__, "must be a torch.optim.Optimizer (AdamS or AdamW)")
-        check_density(density, f"{who}.density")
+        check_sparsity(sparsity, f"{who}.sparsity")
         check(isinstance(exclude_1d_from_topk, bool), f"{who}.exclude_1d_from_topk",
               exclude_1d_from_topk, "must be True or False")
         check_max_grad_norm(max_grad_norm, f"{who}.max_grad_norm")
         for name, steps in (("dense_steps", dense_steps),
-                            ("density_warmup_steps", density_warmup_steps)):
+                            ("sparsity_warmup_steps", sparsity_warmup_steps)):
             check(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0,
                   f"{who}.{name}", steps, "must be an integer >= 0")
-        check_density(density_start, f"{who}.density_start")
+        check_sparsity(sparsity_start, f"{who}.sparsity_start")
         self.optimizer = optimizer
-        self.density = float(density)
-        # the density schedule SCAPE uses (optim.scape.density_at), so both sparse methods of a
-        # comparison ramp down alike
-        self.dense_steps, self.density_start = int(dense_steps), float(density_start)
-        self.density_warmup_steps = int(density_warmup_steps)
+        self.sparsity = float(sparsity)
+        # the sparsity schedule SCAPE uses (optim.scape.sparsity_at), so both sparse methods of
+        # a comparison ramp up alike; the math works with the fraction kept, 1 - sparsity
+        self.dense_steps, self.sparsity_start = int(dense_steps), float(sparsity_start)
+        self.sparsity_warmup_steps = int(sparsity_warmup_steps)
+        self._density, self._density_start = 1.0 - self.sparsity, 1.0 - self.sparsity_start
         self.exclude_1d_from_topk = exclude_1d_from_topk
         self.max_grad_norm = max_grad_norm
         self._params, self._names = params_and_names(optimizer)
@@ -71,7 +71,7 @@ class TopKEF:
             off += p.numel()
         self._excluded_idx = excluded_indices(self._slots, dev)
         self.n_excluded = self._excluded_idx.numel()
-        self.k = sum(keep_count(self.density, k) for _, k, ex in self._slots if not ex)
+        self.k = self._kept(self._density)
         self.index_mask = 4 * self.k <= -(-self.n // 8)
         check_same_size(self.comm, [self.n, self.k], dev, who)
         with torch.no_grad():
@@ -95,24 +95,30 @@ class TopKEF:
         """Bytes this rank handed to collectives in the last step, by kind, and ``total``."""
         return self.comm.stats()
 
-    def density_of_step(self, step: int) -> float:
-        """The scheduled density of step ``step`` (0-based): :func:`optim.scape.density_at`."""
-        return density_at(step, self.density, self.dense_steps, self.density_start,
-                          self.density_warmup_steps)
+    def sparsity_of_step(self, step: int) -> float:
+        """The scheduled sparsity of step ``step`` (0-based): :func:`optim.scape.sparsity_at`."""
+        return 1.0 - self._density_of_step(step)
 
-    def kept(self, density: float) -> int:
-        """Coordinates of the top-k tensors one rank sends at ``density``."""
+    def _density_of_step(self, step: int) -> float:
+        return density_at(step, self._density, self.dense_steps, self._density_start,
+                          self.sparsity_warmup_steps)
+
+    def kept(self, sparsity: float) -> int:
+        """Coordinates of the top-k tensors one rank sends at ``sparsity``."""
+        return self._kept(1.0 - sparsity)
+
+    def _kept(self, density: float) -> int:
         return sum(keep_count(density, k) for _, k, ex in self._slots if not ex)
 
     def expected_bytes(self) -> dict[str, int]:
-        """Analytic hand-in bytes of a step at the target density."""
+        """Analytic hand-in bytes of a step at the target sparsity."""
         grad = 4 * (self.n_excluded + self.k + 1)
         mask = 4 * self.k if self.index_mask else -(-self.n // 8)
         return {"grad_values": grad, "param_values": 0, "mask": mask, "total": grad + mask}
 
     def coverage(self, at_target: bool = False) -> float:
-        """Fraction of the top-k tensors' coordinates any rank has sent at least once (the
-        density is constant: ``at_target`` changes nothing)."""
+        """Fraction of the top-k tensors' coordinates any rank has sent at least once, over
+        every sparse step (``at_target``, SCAPE's signature, is accepted and changes nothing)."""
         eligible = self.n - self.n_excluded
         if self._sparse_steps == 0 or eligible == 0:
             return 0.0
@@ -130,8 +136,8 @@ class TopKEF:
         g = grads_to_flat(self._params, self._dense)
         finite = all_finite(g)
         a = self.residual + g
-        density = self.density_of_step(self._step)
-        kk = self.kept(density)
+        density = self._density_of_step(self._step)
+        kk = self._kept(density)
         index_mask = 4 * kk <= -(-self.n // 8)
         parts = [topk_indices(a[o:o + k].abs(), keep_count(density, k)).to(a.device) + o
                  for o, k, ex in self._slots if not ex]
@@ -177,7 +183,7 @@ class TopKEF:
         self.optimizer.step()
         self._sparse_steps += 1
         self._step += 1
-        self.last_step_info = {"density": (kk + e) / self.n, "grad_norm": norm}
+        self.last_step_info = {"sparsity": 1.0 - (kk + e) / self.n, "grad_norm": norm}
         comm.end_step()
 
     def state_dict(self) -> dict[str, Any]:

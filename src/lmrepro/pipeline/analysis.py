@@ -103,7 +103,7 @@ def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAUL
         runs=[RunRecord(name=r.name, role=r.role, scale=run_scale(r),
                         configuration=config_label(r),
                         final_test_bpb=r.summary.details.final_test_bpb,
-                        mean_density=r.summary.details.mean_density,
+                        mean_sparsity=r.summary.details.mean_sparsity,
                         loss_spikes=loss_spikes(r.metrics),
                         **r.summary.model_dump(include=keys - {"name"}))
               for r in loaded.values()])

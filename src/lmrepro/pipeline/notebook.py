@@ -95,7 +95,7 @@ def report_header(notebook: Path, nb: Any, parameters: dict[str, Any], cwd: Path
 #: the longest one cell may run: a published profile's training cell runs up to 120 minutes on a
 #: quiet 2-core machine, and more beside other work (the reference profile's SCAPE sweep and
 #: suite, 34 minutes quiet, passed 60 with tests running beside it); hangs are caught sooner by
-#: the trainers' own timeouts (scape.timeout_s, rgc.worker_timeout_s)
+#: the trainers' own timeouts (scape.timeout_s, rgc.timeout_s)
 CELL_TIMEOUT_S = 4 * 3600
 
 

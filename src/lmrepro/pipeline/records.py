@@ -38,7 +38,7 @@ class RunRecord(_Record):
     diverged_at_step: int | None = None
     final_test_bpb: float | None = None
     loss_spikes: int = 0
-    mean_density: float | None = None      # sparse methods: mean fraction sent per step
+    mean_sparsity: float | None = None     # sparse methods: mean fraction not sent per step
     tokens_per_s: float
     mean_step_time_s: float
     step_time_std_s: float | None

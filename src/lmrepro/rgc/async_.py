@@ -6,7 +6,7 @@ Python threads and a process-global thread count; rerun on the current torch it 
 allocators and the paper's process-tree memory. See docs/rgc.md, "Deviations and decisions".
 
 Placement: the K stages run on W <= K worker processes, worker w holding consecutive stages
-(``RGCConfig.placement``) with ``threads_per_worker[w]`` intra-op threads, so a 4-stage model can
+(``RGCConfig.placement``) with ``threads[w]`` intra-op threads, so a 4-stage model can
 run on 2 cores without oversubscription. Inside a worker, consecutive stages hand over their
 activations in memory; between workers they travel through bounded queues.
 
@@ -34,7 +34,7 @@ Data flow of one step (:class:`WorkerStages` is one worker's compute):
 A worker that raises sends its traceback to the parent, which stops every worker and raises
 :class:`StageWorkerError` naming the stage that was running; a worker that dies without a word
 (killed, segfault) is noticed from its exit code. Every queue get/put (forward activations and
-backward gradients alike) and the collective have timeouts (``config.worker_timeout_s``); a
+backward gradients alike) and the collective have timeouts (``config.timeout_s``); a
 timeout names the stage that did not deliver, so nothing hangs and the culprit is named.
 """
 
@@ -230,8 +230,8 @@ class _Parent:
         """Handle messages until every worker finished."""
         W = self.cfg.n_workers
         last_msg = time.monotonic()
-        # a worker times out on its own after worker_timeout_s; the parent waits a margin longer
-        silence_limit = self.cfg.worker_timeout_s + 60.0
+        # a worker times out on its own after timeout_s; the parent waits a margin longer
+        silence_limit = self.cfg.timeout_s + 60.0
         while self.counts.get(Finished, 0) < W:
             try:
                 msg = self.pipe.results.get(timeout=POLL_S)
@@ -240,7 +240,7 @@ class _Parent:
                 self._check_alive()
                 if time.monotonic() - last_msg > silence_limit:
                     raise TimeoutError(f"no RGC worker reported for {silence_limit:.0f} s "
-                                       "(rgc.worker_timeout_s + 60 s); stopped the run"
+                                       "(rgc.timeout_s + 60 s); stopped the run"
                                        ) from None
                 continue
             self.handle(msg)
@@ -256,7 +256,7 @@ class _Parent:
     def handle(self, msg: Message) -> None:
         W = self.cfg.n_workers
         if isinstance(msg, Failed):
-            raise _failure(msg, self.pipe.status, self.cfg.placement, self.cfg.worker_timeout_s)
+            raise _failure(msg, self.pipe.status, self.cfg.placement, self.cfg.timeout_s)
         self.counts[type(msg)] = self.counts.get(type(msg), 0) + 1
         if isinstance(msg, Started) and self.counts[Started] == W:
             self.runtimes = self.run.sampler.sample() - self.before_workers
@@ -346,7 +346,7 @@ def _failure(msg: Failed, status: Any, placement: list[list[int]], timeout_s: fl
     worker = next(v for v, ks in enumerate(placement) if stalled in ks)
     walk = " <- ".join(f"stage {k}" for k in [msg.stage, *chain])
     return StageWorkerError(stalled, f"stage {stalled} (worker {worker}) made no progress for "
-                            f"{timeout_s:.0f} s (rgc.worker_timeout_s); waits: {walk}; the "
+                            f"{timeout_s:.0f} s (rgc.timeout_s); waits: {walk}; the "
                             f"first report, from stage {msg.stage}:\n{msg.detail}", worker)
 
 

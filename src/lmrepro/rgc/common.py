@@ -137,10 +137,10 @@ def evaluate(model: ByteTransformer, val: np.ndarray, cfg: RGCConfig) -> list[fl
 def run_identity(cfg: RGCConfig, executor: str, seed: int) -> dict:
     """What a checkpoint must share with the run that resumes it: every setting but the eval
     cadence, the checkpoint cadence and the timeout."""
-    free = ("eval_every", "checkpoint_every", "worker_timeout_s")
+    free = ("eval_every", "checkpoint_every", "timeout_s")
     d = {k: v for k, v in cfg.to_dict().items() if k in RGCConfig.model_fields and k not in free}
     d["stages_per_worker"] = [len(g) for g in cfg.placement]
-    d["threads_per_worker"] = list(cfg.worker_threads)
+    d["threads"] = list(cfg.worker_threads)
     d["executor"] = executor
     d["seed"] = seed
     return d

@@ -38,7 +38,7 @@ class RGCConfig(TrainingConfig):
 
     Placement (async executor): the K stages run on W worker processes, worker w holding the next
     ``stages_per_worker[w]`` consecutive stages (null: one stage per worker) with
-    ``threads_per_worker[w]`` intra-op threads (null: 1 each). ``backprop_threads``: threads of
+    ``threads[w]`` intra-op threads (null: 1 each). ``backprop_threads``: threads of
     the single-process executors (sync and backprop; null: the async total, the same core
     budget). ``cores``: the core budget the configuration is sized for; every thread count must
     fit in it (null: this machine's cores, and exceeding them only warns).
@@ -49,6 +49,9 @@ class RGCConfig(TrainingConfig):
     """
 
     key: ClassVar[str] = "rgc"
+    renamed: ClassVar[dict[str, str]] = {
+        "threads_per_worker": "use threads (one count per async worker)",
+        "worker_timeout_s": "use timeout_s (the same seconds)"}
 
     n_layers: int = Field(default=24, ge=1, description="transformer blocks L")
     n_stages: int = Field(default=4, ge=1, description="stages K; must divide n_layers")
@@ -61,10 +64,11 @@ class RGCConfig(TrainingConfig):
     stages_per_worker: list[int] | None = Field(
         default=None, description="async: consecutive stages of each worker process, summing "
         "to n_stages; null for one stage per worker")
-    threads_per_worker: list[int] | None = Field(
-        default=None, description="async: intra-op threads of each worker; null for 1 each")
+    threads: list[int] | None = Field(
+        default=None, description="async: intra-op threads of each worker process; null for 1 "
+        "each")
     backprop_threads: int | None = Field(default=None, ge=1, description="sync/backprop "
-                                         "threads; null for sum(threads_per_worker)")
+                                         "threads; null for sum(threads)")
     cores: int | None = Field(default=None, ge=1, description="core budget the thread counts "
                               "must fit; null for this machine's cores (then only a warning)")
     consensus_staleness: int = Field(default=0, ge=0, le=MAX_STALENESS,
@@ -73,10 +77,10 @@ class RGCConfig(TrainingConfig):
     queue_size: int = Field(default=2, ge=1, description="async: micro-batches per queue")
     eval_every: int = Field(default=0, ge=0, description="evaluate every this many steps; 0: "
                             "only at the end")
-    worker_timeout_s: float = Field(default=300.0, gt=0.0, description="an async worker waiting "
-                                    "this long on a queue or collective fails the run")
+    timeout_s: float = Field(default=300.0, gt=0.0, description="an async worker waiting this "
+                             "long on a queue or collective fails the run")
 
-    @field_validator("stages_per_worker", "threads_per_worker", mode="before")
+    @field_validator("stages_per_worker", "threads", mode="before")
     @classmethod
     def _tuple_to_list(cls, v: Any) -> Any:
         return list(v) if isinstance(v, tuple) else v
@@ -100,15 +104,15 @@ class RGCConfig(TrainingConfig):
                               "(worker w runs the next stages_per_worker[w] consecutive "
                               "stages, so together they cover every stage once, in order), "
                               "or null for one stage per worker")
-        tpw = self.threads_per_worker
+        tpw = self.threads
         if tpw is not None and (len(tpw) != self.n_workers or any(t < 1 for t in tpw)):
-            raise field_error("threads_per_worker", tpw,
+            raise field_error("threads", tpw,
                               f"must be {self.n_workers} integers >= 1 (one per worker of "
                               f"stages_per_worker = {self.stages_per_worker}), or null for 1 "
                               "each")
         if self.cores is not None:
             if self.async_threads > self.cores:
-                raise field_error("threads_per_worker", list(self.worker_threads),
+                raise field_error("threads", list(self.worker_threads),
                                   f"must fit cores = {self.cores}: {self.async_threads} threads "
                                   "in total over the async workers (allowed: a total <= cores)")
             if self.single_process_threads > self.cores:
@@ -183,7 +187,7 @@ class RGCConfig(TrainingConfig):
 
     @property
     def worker_threads(self) -> tuple[int, ...]:
-        return tuple(self.threads_per_worker or (1,) * self.n_workers)
+        return tuple(self.threads or (1,) * self.n_workers)
 
     @property
     def async_threads(self) -> int:
@@ -229,6 +233,7 @@ class RGCScaling(Section):
     """The ``rgc.scaling`` section (see the module docstring)."""
 
     key: ClassVar[str] = "rgc.scaling"
+    renamed: ClassVar[dict[str, str]] = {"threads_per_run": "use threads (the same count)"}
 
     sizes: dict[str, RGCShape] = Field(min_length=1, description="model sizes by name")
     lengths: dict[str, list[int]] = Field(description="training lengths (optimizer steps) per "
@@ -248,7 +253,7 @@ class RGCScaling(Section):
     edge_check: bool = Field(default=True, description="last: train each sweep winner on the "
                              "grid's edge one grid step beyond it (reported, not applied)")
     parallel: int = Field(default=2, ge=1, description="runs trained at once")
-    threads_per_run: int = Field(default=1, ge=1, description="intra-op threads of each run")
+    threads: int = Field(default=1, ge=1, description="intra-op threads of each run")
 
     @model_validator(mode="after")
     def _consistent(self) -> RGCScaling:
@@ -337,11 +342,11 @@ def check_threads(config: RGCConfig, executor: str, cores: int | None = None,
     declares the budget it was sized for (``rgc.cores``), that budget."""
     machine = cores or os.cpu_count() or 1
     if executor == "async":
-        total, name, value = config.async_threads, "rgc.threads_per_worker", \
+        total, name, value = config.async_threads, "rgc.threads", \
             list(config.worker_threads)
     else:
         total = config.single_process_threads
-        name = "rgc.backprop_threads" if config.backprop_threads else "rgc.threads_per_worker"
+        name = "rgc.backprop_threads" if config.backprop_threads else "rgc.threads"
         value = config.backprop_threads or list(config.worker_threads)
     if total > machine:
         sized = (f" (rgc.cores = {config.cores}: the configuration is sized for {config.cores} "

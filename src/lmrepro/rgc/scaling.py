@@ -17,7 +17,7 @@ harness at several training lengths of each model size:
 Executors. Quality runs use the one-process executors: ``sync`` RGC computes what the ``async``
 executor computes (the same updates to float rounding, ~1e-7 relative, for every horizon and
 staleness: tests/test_rgc_async.py), so the study's RGC figures stand for the async executor's,
-and ``parallel`` runs train at once, each on ``threads_per_run`` threads, which keeps 2 cores
+and ``parallel`` runs train at once, each on ``threads`` threads, which keeps 2 cores
 busy with small models (a run's clock is therefore not a throughput figure; the study reports
 none).
 
@@ -113,7 +113,7 @@ class Study:
         out = []
         for run in runs:
             cfg = run_config(self.base, s.sizes[size], run, steps, s.warmup_fraction,
-                             s.threads_per_run)
+                             s.threads)
             root = prepare_runs_dir(self.stage / kind / size / f"L{steps}" / run.name, {
                 "config": cfg.to_dict(), "executor": run.executor, "corpus": self.corpus,
                 "data": self.data})
@@ -208,7 +208,7 @@ class Study:
             self.edge_check()
         atomic_write_json(self.stage / PLAN, {"runs": {k: str(v) for k, v in out.items()},
                                               "lrs": best, "parallel": s.parallel,
-                                              "threads_per_run": s.threads_per_run})
+                                              "threads": s.threads})
         return out
 
 

@@ -37,7 +37,7 @@ def step_s(r: dict[str, Any], run: str) -> float:
 def benchmark_factors(r: dict[str, Any]) -> list[tuple[str, SpeedupFactors, float]]:
     """The factors at the benchmark's shape, at equal cores and at the paper's core ratio."""
     ideal = r["ideal"]["async"]
-    threads = r["threads_per_worker"]
+    threads = r["threads"]
     busy = sum(b * t for b, t in zip(ideal["busy_per_worker_s"], threads))
     async_step = step_s(r, "async")
     cores = float(sum(threads))

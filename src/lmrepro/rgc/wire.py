@@ -153,7 +153,7 @@ class Stopped(Exception):
 
 
 class WaitTimeout(TimeoutError):
-    """A worker waited ``rgc.worker_timeout_s`` on stage ``peer`` (to receive from it or to send
+    """A worker waited ``rgc.timeout_s`` on stage ``peer`` (to receive from it or to send
     to it)."""
 
     def __init__(self, message: str, peer: int) -> None:
@@ -201,7 +201,7 @@ class Channels:
                         # the status keeps saying "waiting on peer": the parent follows the
                         # chain of waits through this worker to the stage that stopped
                         raise WaitTimeout(f"waited {self.timeout_s:.0f} s {what} "
-                                          f"(rgc.worker_timeout_s); is stage {peer} alive?",
+                                          f"(rgc.timeout_s); is stage {peer} alive?",
                                           peer) from None
                     continue
                 self._waiting(self.COMPUTING, -1)

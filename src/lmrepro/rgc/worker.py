@@ -88,7 +88,7 @@ class StageWorker:
         self.opt_dec = make_adamw(model, self.dec, cfg)
         self.gen = batch_generator(a.seed) if self.first == 0 else None
         self.consensus = ConsensusQueue(self.dec, cfg.consensus_staleness)
-        self.link = Channels(a.w, a.stop, cfg.worker_timeout_s, a.status)
+        self.link = Channels(a.w, a.stop, cfg.timeout_s, a.status)
         self.start = 0
         # running ahead: this worker backpropagates step t - lag at step t, and keeps the
         # gradients it sent in the last s steps (in flight at a checkpoint)
@@ -144,7 +144,7 @@ class StageWorker:
         cfg, runner = self.cfg, self.runner
         waited0 = self.link.waited_s
         runner.current_stage = self.first
-        _fault_points(self.stages, step, cfg.worker_timeout_s)
+        _fault_points(self.stages, step, cfg.timeout_s)
         set_lr([*self.opts.values(), self.opt_dec], lr_at(cfg, step))
         for opt in [*self.opts.values(), self.opt_dec]:
             opt.zero_grad(set_to_none=True)
@@ -195,7 +195,7 @@ class StageWorker:
     def _backward_phase(self, step: int, kept: int) -> None:
         """At step ``step``, the backward of step ``kept``'s graphs (the same step in lockstep):
         the gradients of that step from the next worker in, what continues out."""
-        q, runner, tmo = self.a.queues, self.runner, self.cfg.worker_timeout_s
+        q, runner, tmo = self.a.queues, self.runner, self.cfg.timeout_s
 
         def before_stage(k: int) -> None:
             _fault_points([k], step, tmo, backward=True)
@@ -276,17 +276,17 @@ def _stage_worker(a: WorkerArgs) -> None:
         torch.set_num_threads(cfg.worker_threads[a.w])
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.w,
-            world_size=cfg.n_workers, timeout=datetime.timedelta(seconds=cfg.worker_timeout_s))
+            world_size=cfg.n_workers, timeout=datetime.timedelta(seconds=cfg.timeout_s))
         # the parent measures the tree now, with every worker's runtime up and no data yet
         a.results.put(Started(a.w))
-        if not a.go.wait(timeout=cfg.worker_timeout_s):
+        if not a.go.wait(timeout=cfg.timeout_s):
             raise TimeoutError(f"the parent did not start the run within "
-                               f"{cfg.worker_timeout_s:.0f} s (rgc.worker_timeout_s)")
+                               f"{cfg.timeout_s:.0f} s (rgc.timeout_s)")
         worker = StageWorker(a, cfg)
         a.results.put(Ready(a.w))
         worker.train()
         a.results.put(Finished(a.w))
-        a.finish.wait(timeout=cfg.worker_timeout_s)
+        a.finish.wait(timeout=cfg.timeout_s)
     except Stopped:
         pass
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent

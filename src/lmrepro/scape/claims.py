@@ -135,12 +135,12 @@ PREDICTED_RULE = ("agreement: reproduced iff the prediction over the whole assum
 
 def sent_fraction(c: ComparisonRecord, records: AnalysisRecords) -> tuple[str, ...]:
     """The fraction of coordinates the candidate runs actually sent per step on average (the
-    density warm-up included): "99 % sparsity" sends more than 1 % while it warms up."""
-    d = [records.run(n).mean_density for n in c.candidate_runs]
-    if not d or any(x is None for x in d):
+    sparsity warm-up included): "99 % sparsity" sends more than 1 % while it warms up."""
+    s = [records.run(n).mean_sparsity for n in c.candidate_runs]
+    if not s or any(x is None for x in s):
         return ()
-    return (f"SCAPE sent {sum(d) / len(d):.1%} of the coordinates per step on average "
-            "(density warm-up included)",)
+    return (f"SCAPE sent {1.0 - sum(s) / len(s):.1%} of the coordinates per step on average "
+            "(sparsity warm-up included)",)
 
 
 def _quality(cid: str, sparsity: int, base: str, role: str) -> Claim:

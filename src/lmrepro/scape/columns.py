@@ -26,7 +26,6 @@ COLUMNS: dict[str, Column] = {
     "assumption": Column("assumption", text, False),
     "value": Column("value", text, False),
     "source": Column("source", text, False),
-    "density": Column("density", lambda x: MISSING if x is None else f"{float(x):g}"),
     "inter_node_gbit": Column("network (Gbit/s per node)", sig3),
     "mfu": Column("MFU", lambda x: MISSING if x is None else f"{float(x):g}"),
     "tokens_per_step": Column("tokens per step", integer),
@@ -53,7 +52,7 @@ COLUMNS: dict[str, Column] = {
     "step_stay": Column("step staying (x lr)", sig3),
     "reentry_gap": Column("steps out before re-entering", sig3),
     "residual_norm": Column("residual norm", sig3),
-    "coverage_at_target": Column("ever selected at target density (%)", PERCENT),
+    "coverage_at_target": Column("ever selected at target sparsity (%)", PERCENT),
 }
 
 PRESETS: dict[str, list[str]] = {
@@ -62,10 +61,10 @@ PRESETS: dict[str, list[str]] = {
                              "within_tolerance"],
     "steptime_headline": ["claim", "config", "paper_figure", "predicted_range",
                           "predicted_default", "ratio_to_paper", "required_gbit"],
-    "steptime_paper": ["model", "density", "inter_node_gbit", "mfu", "dense_step_s",
+    "steptime_paper": ["model", "sparsity", "inter_node_gbit", "mfu", "dense_step_s",
                        "scape_step_s", "speedup", "wall_saving"],
     "steptime_scaling": ["model", "world", "dense_step_s", "scape_step_s", "speedup",
                          "dense_efficiency", "scape_efficiency"],
-    "steptime_break_even": ["model", "tokens_per_step", "density", "speedup_at_200_gbit",
+    "steptime_break_even": ["model", "tokens_per_step", "sparsity", "speedup_at_200_gbit",
                             "speedup_at_400_gbit", "gbit_for_paper_speedup", "break_even_gbit"],
 }

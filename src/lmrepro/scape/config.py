@@ -1,7 +1,7 @@
 """Settings of the SCAPE comparison: the ``scape:`` section of ``params.yaml``.
 
 :class:`ScapeConfig` holds what every run of the suite shares (the ``train-scape`` flags of the
-same names): the schedule, the clipping, the weight decay and SCAPE's own options (density
+same names): the schedule, the clipping, the weight decay and SCAPE's own options (sparsity
 schedule, bias correction, 1-D exclusion), so that every method of the comparison trains under
 the same harness. :class:`ScapeRun` holds what one run chooses: the method, its sparsity, its mask
 rule or inner optimizer, and its own learning rate. :class:`ScapeSweep` is the optional
@@ -43,13 +43,17 @@ class ScapeConfig(TrainingConfig):
                                   "authors'); false: AdamS's formula")
     exclude_1d_from_topk: bool = Field(default=True, description="SCAPE and top-k send 1-D "
                                        "tensors (norms, biases) whole every step")
+    renamed: ClassVar[dict[str, str]] = {
+        "density_start": "use sparsity_start = 1 - density_start",
+        "density_warmup_steps": "use sparsity_warmup_steps (the same steps)"}
+
     dense_steps: int = Field(default=0, ge=0, description="sparse methods (SCAPE, top-k): "
-                             "dense steps before the density schedule starts")
-    density_start: float = Field(default=1.0, gt=0.0, le=1.0, description="sparse methods: "
-                                 "density at the start of the warm-up")
-    density_warmup_steps: int = Field(default=0, ge=0, description="sparse methods: steps of "
-                                      "the linear density warm-up from density_start to "
-                                      "1 - sparsity")
+                             "dense steps before the sparsity schedule starts")
+    sparsity_start: float = Field(default=0.0, ge=0.0, lt=1.0, description="sparse methods: "
+                                  "sparsity at the start of the warm-up (0: dense)")
+    sparsity_warmup_steps: int = Field(default=0, ge=0, description="sparse methods: steps of "
+                                       "the linear sparsity warm-up from sparsity_start to "
+                                       "the run's sparsity")
 
 
 #: Settings a resumed run may change (they do not change the numbers).
@@ -103,11 +107,6 @@ class ScapeRun(Section):
         if self.optimizer == "topk":
             return Method.TOPK if self.topk_inner == "adams" else Method.TOPK_ADAMW
         return Method(self.optimizer)
-
-    @property
-    def density(self) -> float:
-        """``1 - sparsity``, the fraction of each tensor sent per step."""
-        return 1.0 - self.sparsity
 
     @property
     def run_name(self) -> str:
@@ -167,15 +166,20 @@ class ScalingAblation(Section):
                                        "of the suite's")
     decay_scope: Literal["all", "mask"] | None = Field(default=None, description="SCAPE's "
                                                        "decay scope instead of 'all'")
-    density_warmup_fraction: float | None = Field(default=None, ge=0.0, lt=1.0,
-                                                  description="density warm-up, as a fraction "
-                                                  "of the run, instead of the study's")
+    renamed: ClassVar[dict[str, str]] = {
+        "density_warmup_fraction": "use sparsity_warmup_fraction (the same fraction)"}
+
+    sparsity_warmup_fraction: float | None = Field(default=None, ge=0.0, lt=1.0,
+                                                   description="sparsity warm-up, as a fraction "
+                                                   "of the run, instead of the study's")
 
 
 class ScalingStudy(Section):
     """The ``scape.scaling`` section (see the module docstring)."""
 
     key: ClassVar[str] = "scape.scaling"
+    renamed: ClassVar[dict[str, str]] = {
+        "density_warmup_fraction": "use sparsity_warmup_fraction (the same fraction)"}
 
     sizes: dict[str, ModelConfig] = Field(min_length=1, description="model sizes by name")
     lengths: dict[str, list[int]] = Field(description="training lengths (optimizer steps) per "
@@ -186,9 +190,9 @@ class ScalingStudy(Section):
     verdict_seeds: list[int] = Field(min_length=1, description="seeds of the verdict point")
     warmup_fraction: float = Field(default=0.05, ge=0.0, lt=1.0, description="lr warm-up as a "
                                    "fraction of the run")
-    density_warmup_fraction: float = Field(default=0.10, ge=0.0, lt=1.0, description="the "
-                                           "sparse methods' density warm-up, a fraction of "
-                                           "the run")
+    sparsity_warmup_fraction: float = Field(default=0.10, ge=0.0, lt=1.0, description="the "
+                                            "sparse methods' sparsity warm-up, a fraction of "
+                                            "the run")
     sweep_factors: list[float] = Field(default_factory=list, description="lr sweep at the "
                                        "verdict point: these multiples of each run's lr (empty: "
                                        "no sweep)")

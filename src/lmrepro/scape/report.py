@@ -63,7 +63,7 @@ def _mean_sd(xs: Sequence[float]) -> str:
 def method_table(loaded: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """One row per configuration (method, sparsity), seeds pooled: the learning rate, final bits
     per byte (mean ± sd over seeds; diverged runs counted apart), and for the sparse methods the
-    mean density actually sent, the final coverage and the largest residual norm."""
+    mean sparsity reached, the final coverage and the largest residual norm."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in loaded:
         s = r["summary"]
@@ -83,11 +83,11 @@ def method_table(loaded: Sequence[dict[str, Any]]) -> pd.DataFrame:
             "lr": ", ".join(sorted({f"{x.lr if x.lr is not None else float('nan'):g}" for x in d})),
             "final bits/byte": _mean_sd(ok),
             "diverged": sum(s["diverged_at_step"] is not None for s in ss),
-            "mean density sent": _mean_sd([x.mean_density for x in d
-                                           if x.mean_density is not None]),
+            "mean sparsity reached": _mean_sd([x.mean_sparsity for x in d
+                                               if x.mean_sparsity is not None]),
             "final coverage": _mean_sd([x.final_coverage for x in d
                                         if x.final_coverage is not None]),
-            "coverage at target density": _mean_sd(
+            "coverage at target sparsity": _mean_sd(
                 [x.final_coverage_at_target for x in d
                  if x.final_coverage_at_target is not None]),
             "max residual norm": _mean_sd([x.max_residual_norm for x in d
@@ -242,11 +242,12 @@ def scape_report(results_root: str | Path = "results",
                                  "Coverage: coordinates selected at least once while sparse"),
         "coverage_at_target": curve_figure(
             loaded, "coverage_at_target", "fraction ever selected",
-            "Coverage counted from the end of the density warm-up (target density)"),
+            "Coverage counted from the end of the sparsity warm-up (target sparsity)"),
         "residual_norm": curve_figure(loaded, "residual_norm", "L2 norm (gradient units)",
                                       "Error-feedback residual (rank 0)", log=True),
-        "density": curve_figure(loaded, "density", "fraction sent",
-                                "Density actually sent per step"),
+        "sparsity": curve_figure(loaded, "sparsity", "fraction not sent",
+                                 "Sparsity reached per step (1-D tensors, sent whole, "
+                                 "count as sent)"),
         "sweep": sweep_figure(sweep)}
     if out_dir is not None:
         out = Path(out_dir)
@@ -280,7 +281,7 @@ def doc_section(report: Mapping[str, Any], results_root: str | Path, note: str =
              "**The mask-rule ablation** (SCAPE with the authors' rule against our first "
              "reading, beside dense AdamS; coverage = fraction of the top-k tensors' "
              "coordinates selected at least once while sparse, and counted only from the end "
-             "of the density warm-up, when the density is the target; residual norm in "
+             "of the sparsity warm-up, when the sparsity is the target; residual norm in "
              "gradient units, rank 0, the largest over the run):", "",
              _markdown(report["tables"]["ablation"]), ""]
     if sweep.get("rows"):

@@ -8,14 +8,14 @@ seeds, clipping, weight-decay groups, schedules) at several training lengths and
 
 * every length of every size with the study's ``seeds``; the verdict point (``verdict_size`` at
   its longest length) with ``verdict_seeds`` (>= 5: the seed is the unit of the test);
-* the lr warm-up and the sparse methods' density warm-up scale with the run, as fractions of it
+* the lr warm-up and the sparse methods' sparsity warm-up scale with the run, as fractions of it
   (the SCAPE authors' scripts: 2-5 % and 8-10 % of the run), so every length sees the same shape;
 * before anything else, a learning-rate sweep at the verdict point (``sweep_factors`` times each
   run's own lr, one seed the study does not use, scored on the validation split); its winners
   are every length's lr at the verdict size (the verdict is then judged on the test split). Other
   sizes keep their runs' lrs (say where they came from in the profile);
 * named ablations at the verdict point (``ablations``: weight decay off or only on the
-  coordinates updated, a longer density warm-up, ...) with ``ablation_seeds``; each varies one
+  coordinates updated, a longer sparsity warm-up, ...) with ``ablation_seeds``; each varies one
   run of ``runs``, never the default.
 
 Run directories: ``<stage>/sweep/<size>/L<steps>/<run>@lr<lr>/``,
@@ -49,11 +49,11 @@ PLAN = "plan.json"
 
 
 def scaled_settings(base: ScapeConfig, steps: int, warmup_fraction: float,
-                    density_warmup_fraction: float) -> ScapeConfig:
+                    sparsity_warmup_fraction: float) -> ScapeConfig:
     """``base`` at ``steps`` optimizer steps with its warm-ups as fractions of the run; no
     checkpoints more often than a tenth of the run (the study resumes per run)."""
     return base.replace(steps=steps, warmup_steps=round(warmup_fraction * steps),
-                        density_warmup_steps=round(density_warmup_fraction * steps),
+                        sparsity_warmup_steps=round(sparsity_warmup_fraction * steps),
                         checkpoint_every=max(base.checkpoint_every, steps // 4))
 
 
@@ -62,8 +62,8 @@ def ablation_settings(settings: ScapeConfig, ab: ScalingAblation) -> ScapeConfig
     changes: dict[str, Any] = {}
     if ab.weight_decay is not None:
         changes["weight_decay"] = ab.weight_decay
-    if ab.density_warmup_fraction is not None:
-        changes["density_warmup_steps"] = round(ab.density_warmup_fraction * settings.steps)
+    if ab.sparsity_warmup_fraction is not None:
+        changes["sparsity_warmup_steps"] = round(ab.sparsity_warmup_fraction * settings.steps)
     return settings.replace(**changes)
 
 
@@ -90,7 +90,7 @@ class Study:
 
     def settings(self, steps: int) -> ScapeConfig:
         s = self.study
-        return scaled_settings(self.base, steps, s.warmup_fraction, s.density_warmup_fraction)
+        return scaled_settings(self.base, steps, s.warmup_fraction, s.sparsity_warmup_fraction)
 
     def _point(self, kind: str, size: str, steps: int, runs: list[ScapeRun],
                settings: ScapeConfig, seeds: list[int], extra: dict[str, Any] | None = None

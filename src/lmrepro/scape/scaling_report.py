@@ -8,7 +8,7 @@ against the corpus's trigram floor (a verdict is testable only 10 % below it), t
 the gap over training length (least squares of the per-seed gaps on ``log10(steps)``, its slope
 per decade with a t interval) and its extrapolation to the paper's 100 000 steps, labelled as an
 extrapolation. The ablations are paired with the run they vary on the same seeds, and SCAPE's
-mask diagnostics are averaged over the steps at the target density.
+mask diagnostics are averaged over the steps at the target sparsity.
 """
 
 from __future__ import annotations
@@ -128,15 +128,15 @@ def _ablated_run(run: Run) -> str:
 
 def diagnostics_table(runs: pd.DataFrame, size: str, steps: int) -> pd.DataFrame:
     """SCAPE's mask diagnostics per run (means over seeds of the means over the steps at the
-    target density) at one point, ablations included."""
+    target sparsity) at one point, ablations included."""
     sel = runs[(runs["size"] == size) & (runs.steps == steps) & (runs.method == "scape")]
     rows = []
     for name, g in sel.groupby("run", sort=True):
         per_seed = []
         for p in g.path:
             recs = [r for r in load_run(p, p).metrics if "mask_kept" in r]
-            target = min((r["density"] for r in recs), default=None)
-            recs = [r for r in recs if r["density"] == target]
+            target = max((r["sparsity"] for r in recs), default=None)
+            recs = [r for r in recs if r["sparsity"] == target]
             per_seed.append({k: float(np.mean([r[k] for r in recs if r.get(k) is not None]))
                              for k in DIAGNOSTICS if any(r.get(k) is not None for r in recs)})
         rows.append({"run": name, "seeds": len(per_seed),

@@ -98,17 +98,17 @@ def build_optimizer(cfg: ScapeConfig, run: ScapeRun, model: torch.nn.Module) -> 
         return DenseDP(adams(), max_grad_norm=cfg.max_grad_norm)
     if run.optimizer == "scape":
         return SCAPE(groups, lr=lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                     density=run.density, dense_steps=cfg.dense_steps,
-                     density_start=cfg.density_start,
-                     density_warmup_steps=cfg.density_warmup_steps,
+                     sparsity=run.sparsity, dense_steps=cfg.dense_steps,
+                     sparsity_start=cfg.sparsity_start,
+                     sparsity_warmup_steps=cfg.sparsity_warmup_steps,
                      exclude_1d_from_topk=cfg.exclude_1d_from_topk,
                      bias_correction=cfg.bias_correction, max_grad_norm=cfg.max_grad_norm,
                      mask_rule=run.mask_rule, decay_scope=run.decay_scope)
     inner = adams() if run.topk_inner == "adams" else adamw()
-    return TopKEF(inner, density=run.density, exclude_1d_from_topk=cfg.exclude_1d_from_topk,
+    return TopKEF(inner, sparsity=run.sparsity, exclude_1d_from_topk=cfg.exclude_1d_from_topk,
                   max_grad_norm=cfg.max_grad_norm, dense_steps=cfg.dense_steps,
-                  density_start=cfg.density_start,
-                  density_warmup_steps=cfg.density_warmup_steps)
+                  sparsity_start=cfg.sparsity_start,
+                  sparsity_warmup_steps=cfg.sparsity_warmup_steps)
 
 
 #: SCAPE's per-step mask diagnostics (:meth:`lmrepro.optim.SCAPE._mask_diagnostics`)
@@ -117,14 +117,15 @@ MASK_DIAGNOSTICS = ("mask_kept", "mask_new", "step_stay", "step_enter", "reentry
 
 def step_record(opt: Any) -> dict[str, Any]:
     """What a step of ``opt`` adds to ``metrics.jsonl`` besides loss, lr and time: bytes by kind,
-    and for the sparse methods the density used, the coverage (fraction of the top-k tensors'
+    and for the sparse methods the sparsity reached (1-D tensors sent whole count as sent), the
+    coverage (fraction of the top-k tensors'
     coordinates selected at least once while sparse, and while at the target density), this
     rank's residual norm (gradient units)
     and the synced gradient's norm (before clipping); SCAPE also the wait for its mask."""
     rec: dict[str, Any] = {f"bytes_{k}": int(v) for k, v in opt.comm_stats().items()}
     info = getattr(opt, "last_step_info", None)
     if info is not None:
-        rec["density"] = float(info["density"])
+        rec["sparsity"] = float(info["sparsity"])
         rec["coverage"] = float(opt.coverage())
         rec["coverage_at_target"] = float(opt.coverage(at_target=True))
         rec["residual_norm"] = float(opt.residual_norm())
@@ -295,7 +296,7 @@ def _evaluate(cfg: ScapeConfig, mcfg: ModelConfig, target: RunTarget, ctx: DistC
 
 def _details(cfg: ScapeConfig, run: ScapeRun, ctx: DistContext, records: list[dict],
              per_rank: list[Memory], test_bpb: float | None) -> dict[str, Any]:
-    """The summary's SCAPE-suite details (the sparse methods' coverage, residual, density)."""
+    """The summary's SCAPE-suite details (the sparse methods' coverage, residual, sparsity)."""
     sparse = [r for r in records if "coverage" in r]
     return {"peak_rss_bytes_per_rank": [m.rss for m in per_rank],
             "device": str(ctx.device), "backend": ctx.backend,
@@ -308,8 +309,8 @@ def _details(cfg: ScapeConfig, run: ScapeRun, ctx: DistContext, records: list[di
             "final_coverage_at_target": (sparse[-1].get("coverage_at_target")
                                          if sparse else None),
             "max_residual_norm": max((r["residual_norm"] for r in sparse), default=None),
-            "mean_density": (float(np.mean([r["density"] for r in sparse]))
-                             if sparse else None)}
+            "mean_sparsity": (float(np.mean([r["sparsity"] for r in sparse]))
+                              if sparse else None)}
 
 
 def _finish(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget,
