@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from lmrepro.cli import main
+from lmrepro.errors import ParameterError
 from lmrepro.scape import steptime as S
 from lmrepro.scape import steptime_fit as F
 from lmrepro.scape import steptime_paper as P
@@ -52,7 +53,7 @@ def test_cluster_ring_and_hierarchical_costs() -> None:
 
 def test_speedup_tends_to_one_as_bandwidth_grows() -> None:
     w = S.Workload(params=1e9, tokens_per_step=1e6)
-    o = S.Options(density=0.01)
+    o = S.Options(sparsity=0.99)
     speedups = [S.predict(w, S.Cluster(inter=S.Link(0.0, b)), o)["speedup"]
                 for b in (1e9, 1e10, 1e12, 1e15)]
     assert speedups == sorted(speedups, reverse=True)
@@ -63,30 +64,59 @@ def test_speedup_tends_to_one_as_bandwidth_grows() -> None:
     assert S.predict(w, big, o, no_local)["speedup"] == pytest.approx(1.0, abs=1e-6)
 
 
-def test_scape_bytes_scale_with_density() -> None:
+def test_scape_bytes_scale_with_the_fraction_sent() -> None:
     w = S.Workload(params=1e9, vector_params=1e6)
     c = S.Cluster()
-    b1 = S.predict(w, c, S.Options(density=0.01))["scape_value_bytes_per_gpu"]
-    b10 = S.predict(w, c, S.Options(density=0.1))["scape_value_bytes_per_gpu"]
+    b1 = S.predict(w, c, S.Options(sparsity=0.99))["scape_value_bytes_per_gpu"]
+    b10 = S.predict(w, c, S.Options(sparsity=0.9))["scape_value_bytes_per_gpu"]
     assert b1 == pytest.approx(4 * (0.01 * (1e9 - 1e6) + 1e6))
     assert (b10 - 4e6) == pytest.approx(10 * (b1 - 4e6))
-    # the mask: int32 indices below density 1/32, a bitmap above
-    assert S.mask_bytes_per_rank(w, 0.01, 32) == pytest.approx(4 * 0.01 * (1e9 - 1e6) / 32)
+    # the mask: int32 indices above sparsity 31/32 (under 1/32 sent), a bitmap below
+    assert S.mask_bytes_per_rank(w, 0.99, 32) == pytest.approx(4 * 0.01 * (1e9 - 1e6) / 32)
     assert S.mask_bytes_per_rank(w, 0.5, 32) == pytest.approx((1e9 - 1e6) / 32 / 8)
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.99, 0.999])
+def test_sparsity_predicts_what_the_fraction_sent_gives(sparsity: float) -> None:
+    """``Options(sparsity=s)`` sends ``1 - s`` of the matrices' coordinates: bytes and step
+    times equal the ones written out by hand from the kept counts (the last float digit may
+    differ: ``1 - 0.99`` is not exactly ``0.01``)."""
+    n, vec, world = 1.8e9, 2e6, 32
+    w = S.Workload(params=n, vector_params=vec, compute_s=1.0)
+    c = S.Cluster(world=world, inter=S.Link(0.0, 25e9))
+    sent = {0.0: 1.0, 0.5: 0.5, 0.9: 0.1, 0.99: 0.01, 0.999: 0.001}[sparsity]
+    kept = sent * (n - vec) + vec
+    r = S.predict(w, c, S.Options(sparsity=sparsity))
+    assert S.kept(w, sparsity) == pytest.approx(kept, rel=1e-12)
+    assert r["scape_value_bytes_per_gpu"] == pytest.approx(4 * kept, rel=1e-12)
+    owned = (n - vec) / world
+    assert r["scape_mask_bytes_per_gpu"] == pytest.approx(min(4 * sent * owned, owned / 8),
+                                                          rel=1e-12)
+    assert r["scape"]["values_s"] == pytest.approx(2 * (world - 1) / world * 4 * kept / 25e9,
+                                                   rel=1e-12)
+    assert r["options"]["sparsity"] == sparsity and "density" not in r["options"]
+
+
+@pytest.mark.parametrize("bad", [1.0, 1.5, -0.1, float("nan")])
+def test_bad_sparsity_is_one_line_naming_it(bad: float) -> None:
+    with pytest.raises(ParameterError) as err:
+        S.Options(sparsity=bad)
+    msg = str(err.value)
+    assert msg == f"sparsity = {bad!r}: must be in [0, 1)" and "\n" not in msg
 
 
 def test_overlap_hides_the_mask_and_without_it_the_step_grows() -> None:
     w = S.Workload(params=1e9, compute_s=1.0)
     c = S.Cluster(inter=S.Link(0.0, 1e8))
-    on = S.scape_step(w, c, S.Options(density=0.1, overlap_mask=True))
-    off = S.scape_step(w, c, S.Options(density=0.1, overlap_mask=False))
+    on = S.scape_step(w, c, S.Options(sparsity=0.9, overlap_mask=True))
+    off = S.scape_step(w, c, S.Options(sparsity=0.9, overlap_mask=False))
     assert off["step_s"] - on["step_s"] == pytest.approx(min(on["mask_s"], 1.0))
 
 
 def test_wallclock_with_dense_warmup_saves_less_than_the_step() -> None:
     m = P.LLAMA_500M
     c = P.paper_cluster(25.0)
-    o = S.Options(density=0.01)
+    o = S.Options(sparsity=0.99)
     per_step = 1 - 1 / S.predict(m.workload(), c, o)["speedup"]
     whole = S.run_wallclock(m.workload(), c, o, m.total_steps, m.dense_steps, m.ramp_steps)
     assert 0 < whole["saving"] < per_step
@@ -104,13 +134,13 @@ def test_required_bandwidth_gives_the_target_speedup() -> None:
     g = P.required_bandwidth(P.LLAMA_1_8B, 2.0)
     assert g is not None
     c = P.paper_cluster(g)
-    o = S.Options(density=P.LLAMA_1_8B.density)
+    o = S.Options(sparsity=P.LLAMA_1_8B.sparsity)
     assert S.predict(P.LLAMA_1_8B.workload(), c, o)["speedup"] == pytest.approx(2.0, rel=1e-4)
 
 
 def test_cli_contract_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["predict", "--model-params", "1.8e9", "--world-size", "32", "--gpus-per-node",
-               "4", "--inter-node-gbit", "200", "--density", "0.01", "--json"])
+               "4", "--inter-node-gbit", "200", "--sparsity", "0.99", "--json"])
     assert rc == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1
@@ -120,7 +150,8 @@ def test_cli_contract_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert r["cluster"]["gpus_per_node"] == 4 and r["cluster"]["inter_node_gbit"] == 200
 
 
-@pytest.mark.parametrize("argv,name", [(["--density", "1.5"], "--density"),
+@pytest.mark.parametrize("argv,name", [(["--sparsity", "1.5"], "--sparsity"),
+                                       (["--sparsity", "1"], "--sparsity"),
                                        (["--world-size", "0"], "--world-size"),
                                        (["--inter-node-gbit", "-1"], "--inter-node-gbit"),
                                        (["--world-size", "30", "--gpus-per-node", "4"],
@@ -132,6 +163,18 @@ def test_bad_flag_exits_2_with_one_line(argv: list[str], name: str) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and name in lines[0] and "Traceback" not in proc.stderr
+    assert "must be" in lines[0]
+
+
+def test_the_old_density_flag_is_an_argparse_error_naming_sparsity() -> None:
+    proc = subprocess.run([sys.executable, "-m", "lmrepro", "predict", "--density", "0.01"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "error: --density was removed: use --sparsity" in last
+    assert "--density" not in subprocess.run(
+        [sys.executable, "-m", "lmrepro", "predict", "--help"], capture_output=True,
+        text=True).stdout
 
 
 def _synthetic_links(alpha: float, beta: float, s: float, form: str = "serial"
@@ -218,10 +261,10 @@ def test_steptime_report_writes_its_products_and_says_when_not_calibrated(tmp_pa
     scaling = out["tables"]["scaling"]
     assert sorted(set(scaling.world)) == [8, 32, 128]
     curves = out["curves"]
-    assert set(curves.density) == {0.1, 0.01} and curves.model.nunique() == 4
+    assert set(curves.sparsity) == {0.9, 0.99} and curves.model.nunique() == 4
     # faster networks leave SCAPE less to save (not strictly monotone: on the slowest links the
     # mask all-gather no longer hides behind compute), and at the fastest it no longer pays
-    for _, g in curves.groupby(["model", "density"]):
+    for _, g in curves.groupby(["model", "sparsity"]):
         s = g.sort_values("inter_node_gbit").speedup.to_numpy()
         assert s[0] > 5 * s[-1] and s[-1] < 1.0
     fig = out["figures"]["speedup_vs_bandwidth"]

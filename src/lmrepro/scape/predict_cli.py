@@ -1,13 +1,14 @@
 """``lmrepro predict``: the step-time model (:mod:`lmrepro.scape.steptime`) from the command line.
 
     lmrepro predict --model-params 1.8e9 --world-size 32 --gpus-per-node 4 \\
-        --inter-node-gbit 200 --density 0.01 --json
+        --inter-node-gbit 200 --sparsity 0.99 --json
 
 prints one JSON object with ``dense_step_s``, ``scape_step_s`` and ``speedup`` (dense over SCAPE)
 and every part of both steps. Every flag has a default: the paper's machine (TACC Vista, one
 GH200 per node, NDR InfiniBand at the low end, 200 Gbit/s per node; 989 TFLOP/s dense BF16 at
 50 % MFU) and Llama-1.8B's step (global batch 1024 x 2048 tokens). docs/steptime.md gives the
-formulas and sources. Bad input: exit status 2 with one line naming the flag.
+formulas and sources. Bad input: exit status 2 with one line naming the flag. ``--sparsity`` is
+the fraction of each matrix's coordinates SCAPE does not send (0.99: 1 % sent), in [0, 1).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ FLAGS: tuple[tuple[str, type, object, str], ...] = (
     ("tokens-per-step", float, 1024 * 2048, "tokens in the global batch"),
     ("flops-per-token", float, None, "training FLOPs per token (default 6 x model-params)"),
     ("hbm-gbyte", float, 4000.0, "GPU memory bandwidth, GB/s (local optimizer work)"),
-    ("density", float, 0.01, "SCAPE's density (1 - sparsity)"),
+    ("sparsity", float, 0.99, "SCAPE's sparsity: the fraction of each matrix's coordinates "
+     "not sent, in [0, 1) (0.99: 1 %% sent)"),
 )
 CHOICES: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
     ("payload-dtype", ("fp32", "bf16", "fp16", "fp8"), "fp32", "dtype of SCAPE's values"),
@@ -59,11 +61,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the dense reduction overlaps the backward pass (default: no; the "
                    "authors' scripts do not ask for it)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    # the flag before --sparsity: an error that names its replacement (not in --help)
+    p.add_argument("--density", nargs="?", action=_Removed, help=argparse.SUPPRESS)
+
+
+class _Removed(argparse.Action):
+    """A removed flag: argparse's error (exit status 2) naming the flag that replaced it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} was removed: use --sparsity, the fraction of the "
+                     "coordinates not sent (--density 0.01 is --sparsity 0.99)")
 
 
 def _positive(args: argparse.Namespace) -> None:
     for flag, _, _, _ in FLAGS:
         v = getattr(args, flag.replace("-", "_"))
+        if flag == "sparsity":        # in [0, 1): checked by the model's Options
+            continue
         if v is None or flag in ("vector-params", "inter-node-latency-us",
                                  "intra-node-latency-us"):
             if v is not None and v < 0:
@@ -99,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     work = Workload(params=args.model_params, tokens_per_step=args.tokens_per_step,
                     flops_per_token=args.flops_per_token, vector_params=args.vector_params,
                     compute_s=args.compute_s)
-    opts = Options(density=args.density, payload_dtype=args.payload_dtype,
+    opts = Options(sparsity=args.sparsity, payload_dtype=args.payload_dtype,
                    dense_grad_dtype=args.dense_grad_dtype,
                    dense_collective=args.dense_collective, algorithm=args.algorithm,
                    overlap_mask=args.overlap, overlap_dense=args.overlap_dense)

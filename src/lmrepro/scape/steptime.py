@@ -23,10 +23,11 @@ term uses the inter-node bandwidth per node whenever the job spans more than one
 A step is ``compute + local optimizer work + blocking communication + the part of asynchronous
 communication not hidden behind compute``. SCAPE's step (arXiv 2607.01678, as this project
 implements it, docs/scape.md) has one blocking all-reduce of the fp32 values of the corrected
-momentum on the mask (``k = ceil(density * numel)`` per matrix, 1-D tensors dense) and one
-asynchronous all-gather of the next step's mask (each rank's owned span as int32 indices or a
-bitmap, whichever is smaller), which overlaps the next forward/backward. Pure functions; the
-formulas are written out in docs/steptime.md.
+momentum on the mask (``k = ceil((1 - sparsity) * numel)`` per matrix, 1-D tensors dense) and
+one asynchronous all-gather of the next step's mask (each rank's owned span as int32 indices or
+a bitmap, whichever is smaller), which overlaps the next forward/backward. Pure functions; the
+formulas are written out in docs/steptime.md (where ``d = 1 - sparsity``, the fraction
+sent, is only a name inside the formulas).
 """
 
 from __future__ import annotations
@@ -191,12 +192,13 @@ class Workload:
 
 @dataclass(frozen=True)
 class Options:
-    """How the methods communicate: SCAPE's density, the dtypes of SCAPE's values and of the
-    dense gradient reduction, the dense collective (DDP all-reduce or a distributed optimizer's
-    reduce-scatter + all-gather of bf16 parameters), the algorithm, whether SCAPE's mask
-    all-gather overlaps compute and whether the dense reduction overlaps the backward pass."""
+    """How the methods communicate: SCAPE's sparsity (the fraction of each matrix's coordinates
+    not sent, in [0, 1): 0.99 sends 1 %), the dtypes of SCAPE's values and of the dense gradient
+    reduction, the dense collective (DDP all-reduce or a distributed optimizer's reduce-scatter
+    + all-gather of bf16 parameters), the algorithm, whether SCAPE's mask all-gather overlaps
+    compute and whether the dense reduction overlaps the backward pass."""
 
-    density: float = 0.01
+    sparsity: float = 0.99
     payload_dtype: str = "fp32"
     dense_grad_dtype: str = "fp32"
     dense_collective: str = "all-reduce"
@@ -205,7 +207,7 @@ class Options:
     overlap_dense: bool = False
 
     def __post_init__(self) -> None:
-        check(0 < self.density <= 1, "density", self.density, "must be in (0, 1]")
+        check(0 <= self.sparsity < 1, "sparsity", self.sparsity, "must be in [0, 1)")
         for name in ("payload_dtype", "dense_grad_dtype"):
             v = getattr(self, name)
             check(v in DTYPE_BYTES, name, v, f"must be one of {tuple(DTYPE_BYTES)}")
@@ -223,14 +225,17 @@ def compute_s(w: Workload, c: Cluster) -> float:
     return w.tokens_per_step / c.world * fpt / (c.peak_flops * c.mfu)
 
 
-def kept(w: Workload, density: float) -> float:
-    """Elements SCAPE sends: ``density`` of the matrices' coordinates, every 1-D coordinate."""
+def kept(w: Workload, sparsity: float) -> float:
+    """Elements SCAPE sends: ``1 - sparsity`` of the matrices' coordinates, every 1-D
+    coordinate."""
+    density = 1.0 - sparsity
     return density * (w.params - w.vector_params) + w.vector_params
 
 
-def mask_bytes_per_rank(w: Workload, density: float, world: int) -> float:
+def mask_bytes_per_rank(w: Workload, sparsity: float, world: int) -> float:
     """One rank's mask part: int32 indices of its owned span or a bitmap of it, the smaller."""
     owned = (w.params - w.vector_params) / world
+    density = 1.0 - sparsity
     return min(4.0 * density * owned, owned / 8.0)
 
 
@@ -253,14 +258,15 @@ def dense_step(w: Workload, c: Cluster, o: Options, local: LocalWork | None = No
 
 
 def scape_step(w: Workload, c: Cluster, o: Options, local: LocalWork | None = None,
-               density: float | None = None) -> dict[str, float]:
-    """SCAPE: compute, local work, the value all-reduce, the (overlapped) mask all-gather."""
+               sparsity: float | None = None) -> dict[str, float]:
+    """SCAPE: compute, local work, the value all-reduce, the (overlapped) mask all-gather;
+    at ``sparsity`` when given (the warm-up), else at ``o.sparsity``."""
     local = local or LocalWork.from_hbm(c.hbm_bytes_per_s)
-    d = o.density if density is None else density
+    s = o.sparsity if sparsity is None else sparsity
     comp = compute_s(w, c)
-    k = kept(w, d)
+    k = kept(w, s)
     values = all_reduce_s(k * DTYPE_BYTES[o.payload_dtype], c, o.algorithm)
-    mask = all_gather_s(mask_bytes_per_rank(w, d, c.world) * c.world, c) if c.world > 1 else 0.0
+    mask = all_gather_s(mask_bytes_per_rank(w, s, c.world) * c.world, c) if c.world > 1 else 0.0
     loc = (w.params * (local.dense_s_per_param + local.scape_extra_s_per_param)
            + w.params / c.world * local.topk_s_per_owned + k * local.s_per_kept)
     exposed_mask = max(0.0, mask - comp) if o.overlap_mask else mask
@@ -276,8 +282,8 @@ def predict(w: Workload, c: Cluster, o: Options, local: LocalWork | None = None
     return {"dense_step_s": dense["step_s"], "scape_step_s": scape["step_s"],
             "speedup": dense["step_s"] / scape["step_s"], "dense": dense, "scape": scape,
             "dense_bytes_per_gpu": w.params * DTYPE_BYTES[o.dense_grad_dtype],
-            "scape_value_bytes_per_gpu": kept(w, o.density) * DTYPE_BYTES[o.payload_dtype],
-            "scape_mask_bytes_per_gpu": mask_bytes_per_rank(w, o.density, c.world),
+            "scape_value_bytes_per_gpu": kept(w, o.sparsity) * DTYPE_BYTES[o.payload_dtype],
+            "scape_mask_bytes_per_gpu": mask_bytes_per_rank(w, o.sparsity, c.world),
             "workload": asdict(w), "cluster": _cluster_dict(c), "options": asdict(o)}
 
 
@@ -289,13 +295,13 @@ def _cluster_dict(c: Cluster) -> dict[str, Any]:
 
 def run_wallclock(w: Workload, c: Cluster, o: Options, total_steps: int, dense_steps: int = 0,
                   ramp_steps: int = 0, local: LocalWork | None = None) -> dict[str, float]:
-    """Wall-clock of a whole run: dense for ``dense_steps``, density ramped linearly from 1 to
-    ``o.density`` over ``ramp_steps`` (mean of 64 points), then at ``o.density``; against
+    """Wall-clock of a whole run: dense for ``dense_steps``, sparsity ramped linearly from 0 to
+    ``o.sparsity`` over ``ramp_steps`` (mean of 64 points), then at ``o.sparsity``; against
     ``total_steps`` dense steps. Returns both times and the saving ``1 - scape / dense``."""
     check(0 <= dense_steps + ramp_steps <= total_steps, "warm-up steps",
           (dense_steps, ramp_steps), f"must add up to at most total_steps ({total_steps})")
     t_dense = dense_step(w, c, o, local)["step_s"]
-    ramp = [scape_step(w, c, o, local, density=1 + (o.density - 1) * (i + 0.5) / 64)["step_s"]
+    ramp = [scape_step(w, c, o, local, sparsity=o.sparsity * (i + 0.5) / 64)["step_s"]
             for i in range(64)]
     t_ramp = sum(ramp) / len(ramp)
     t_sparse = scape_step(w, c, o, local)["step_s"]

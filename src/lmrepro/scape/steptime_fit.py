@@ -10,7 +10,7 @@ collective by relative least squares on the message-size sweeps of every *fit* l
 
 The local constants come from the same links' compute-only steps (every collective replaced by
 a local stand-in): forward/backward time, dense AdamW's update per parameter, and SCAPE's extra
-work per parameter and per kept element (two densities give the two). A step is then predicted
+work per parameter and per kept element (two sparsities give the two). A step is then predicted
 as ``compute + local + all_reduce(values) + max(0, all_gather(mask) - forward/backward)``
 and compared with the measured median of the timed blocks, on links (or model sizes) the fit
 did not see.
@@ -115,7 +115,7 @@ def _kept(run: dict) -> float:
 def fit_local(links: Sequence[dict]) -> dict[str, float]:
     """Local constants from the compute-only steps of ``links``: the forward/backward seconds
     per parameter, AdamW's update per parameter, SCAPE's extra work per parameter and per kept
-    element (a line through the SCAPE densities; medians over links)."""
+    element (a line through the SCAPE sparsities; medians over links)."""
     fb, dense, pts = [], [], []
     for link in links:
         runs = _runs(link)
@@ -134,7 +134,7 @@ def fit_local(links: Sequence[dict]) -> dict[str, float]:
     for m, n, k, local in pts:
         by.setdefault(m, []).append((n, k, local - u * n))
     med = [tuple(np.median(np.array(v), axis=0)) for v in by.values()]
-    if len(med) >= 2:   # extra = e * n + q * k through the densities
+    if len(med) >= 2:   # extra = e * n + q * k through the sparsities
         a = np.array([[n, k] for n, k, _ in med])
         y = np.array([x for _, _, x in med])
         (e, q), *_ = np.linalg.lstsq(a, y, rcond=None)

@@ -43,8 +43,8 @@ class PaperModel:
     llama: bool = True
     total_steps: int = 100_000
     dense_steps: int = 0          # SCAPE starts at this step (dense before)
-    ramp_steps: int = 0           # density warm-up steps after it
-    density: float = 0.01
+    ramp_steps: int = 0           # sparsity warm-up steps after it (0 up to ``sparsity``)
+    sparsity: float = 0.99
 
     def params(self) -> tuple[float, float]:
         """(all parameters, those in 1-D tensors)."""
@@ -67,11 +67,11 @@ class PaperModel:
 
 
 GPT_345M = PaperModel("GPT-345M", 24, 1024, 4096, 16, 16, 50257, 1024, 512, llama=False,
-                      dense_steps=0, ramp_steps=10_000, density=0.01)
+                      dense_steps=0, ramp_steps=10_000, sparsity=0.99)
 LLAMA_500M = PaperModel("Llama-500M", 16, 1536, 4096, 16, 8, 32000, 4096, 1024,
-                        dense_steps=2_000, ramp_steps=8_000, density=0.01)
+                        dense_steps=2_000, ramp_steps=8_000, sparsity=0.99)
 LLAMA_1_8B = PaperModel("Llama-1.8B", 24, 2560, 6912, 32, 8, 128256, 2048, 1024,
-                        dense_steps=0, ramp_steps=0, density=0.01)
+                        dense_steps=0, ramp_steps=0, sparsity=0.99)
 MODELS = (GPT_345M, LLAMA_500M, LLAMA_1_8B)
 
 
@@ -83,19 +83,19 @@ def paper_cluster(inter_gbit: float = INTER_GBIT_RANGE[0], mfu: float = DEFAULT_
 
 
 def paper_table(options: Options | None = None) -> list[dict[str, Any]]:
-    """Per model, density and assumption corner: predicted per-step speedup and whole-run
-    wall-clock saving (with the paper's dense start and density warm-up)."""
+    """Per model, sparsity and assumption corner: predicted per-step speedup and whole-run
+    wall-clock saving (with the paper's dense start and sparsity warm-up)."""
     rows = []
     for m in MODELS:
-        for density in (0.1, 0.01):
-            o = replace(options or Options(), density=density)
+        for sparsity in (0.9, 0.99):
+            o = replace(options or Options(), sparsity=sparsity)
             for gbit in INTER_GBIT_RANGE:
                 for mfu in (MFU_RANGE[0], DEFAULT_MFU, MFU_RANGE[1]):
                     c = paper_cluster(gbit, mfu)
                     r = predict(m.workload(), c, o)
                     wall = run_wallclock(m.workload(), c, o, m.total_steps, m.dense_steps,
                                          m.ramp_steps)
-                    rows.append({"model": m.name, "params": m.params()[0], "density": density,
+                    rows.append({"model": m.name, "params": m.params()[0], "sparsity": sparsity,
                                  "inter_node_gbit": gbit, "mfu": mfu,
                                  "tokens_per_step": m.global_batch * m.seq,
                                  "dense_step_s": r["dense_step_s"],
@@ -107,13 +107,13 @@ def paper_table(options: Options | None = None) -> list[dict[str, Any]]:
 def required_bandwidth(model: PaperModel, target_speedup: float, mfu: float = DEFAULT_MFU,
                        options: Options | None = None) -> float | None:
     """The per-node network rate (Gbit/s) at which the model gives ``target_speedup``."""
-    o = replace(options or Options(), density=model.density)
+    o = replace(options or Options(), sparsity=model.sparsity)
     return bandwidth_for_speedup(target_speedup, model.workload(), paper_cluster(mfu=mfu), o)
 
 
 def wall_saving_at(model: PaperModel, gbit: float, mfu: float = DEFAULT_MFU,
                    options: Options | None = None) -> float:
-    o = replace(options or Options(), density=model.density)
+    o = replace(options or Options(), sparsity=model.sparsity)
     return run_wallclock(model.workload(), paper_cluster(gbit, mfu), o, model.total_steps,
                          model.dense_steps, model.ramp_steps)["saving"]
 
@@ -132,11 +132,11 @@ def required_bandwidth_for_saving(model: PaperModel, saving: float, mfu: float =
     return math.exp((a + b) / 2)
 
 
-def speedup_grid(gbits: list[float], params: list[float], density: float = 0.01,
+def speedup_grid(gbits: list[float], params: list[float], sparsity: float = 0.99,
                  mfu: float = DEFAULT_MFU) -> list[dict[str, float]]:
     """Predicted speedup against network rate and model size (Llama-1.8B's shape of step:
     tokens per step and FLOPs per token 6 N), for the plot of where SCAPE stops paying."""
-    o = Options(density=density)
+    o = Options(sparsity=sparsity)
     out = []
     for n in params:
         w = Workload(params=n, tokens_per_step=LLAMA_1_8B.global_batch * LLAMA_1_8B.seq)
@@ -149,7 +149,7 @@ def speedup_grid(gbits: list[float], params: list[float], density: float = 0.01,
 def scaling_table(model: PaperModel = LLAMA_500M, gbit: float = INTER_GBIT_RANGE[0],
                   mfu: float = DEFAULT_MFU) -> list[dict[str, float]]:
     """Weak scaling from 8 to 32 and 128 GPUs at the paper's per-GPU batch."""
-    o = Options(density=model.density)
+    o = Options(sparsity=model.sparsity)
     return weak_scaling(model.workload(), paper_cluster(gbit, mfu), o, (8, 32, 128))
 
 
@@ -177,7 +177,7 @@ def _corners(model: PaperModel, key: str) -> tuple[list[float], float]:
     """``key`` of every corner of ``model``'s assumption range, and its central value (the
     range's first inter-node bandwidth at the default MFU)."""
     rows = [r for r in paper_table() if r["model"] == model.name
-            and r["density"] == model.density]
+            and r["sparsity"] == model.sparsity]
     mid = next(r[key] for r in rows if r["inter_node_gbit"] == INTER_GBIT_RANGE[0]
                and r["mfu"] == DEFAULT_MFU)
     return [r[key] for r in rows], mid

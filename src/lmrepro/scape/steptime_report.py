@@ -9,7 +9,7 @@ functions returning the tables (DataFrames) and the figure the page shows, and
   and whole-run wall-clock saving beside the paper's 3.26x and 43.3 %, the assumptions, and the
   network rate that would give the paper's figures;
 * weak scaling from 8 to 32 and 128 GPUs;
-* predicted speedup against the network rate for several models at two densities.
+* predicted speedup against the network rate for several models at two sparsities.
 
 Everything is a prediction of the model (docs/steptime.md), not a measurement; it runs in a
 second on a CPU.
@@ -43,13 +43,18 @@ CALIBRATE_CMD = "sudo python bench/bench_scape_netns.py --calibrate"
 LLAMA2_7B = sp.PaperModel("Llama-2-7B", 32, 4096, 11008, 32, 32, 32000,
                           4096, 1024)
 PLOT_MODELS = (*sp.MODELS, LLAMA2_7B)
-PLOT_DENSITIES = (0.1, 0.01)
+PLOT_SPARSITIES = (0.9, 0.99)
 #: network rates of the plot, Gbit/s per node (log-spaced, past the break-even near 10 Tbit/s)
 PLOT_GBITS = tuple(float(g) for g in np.geomspace(1.0, 20000.0, 61))
 
 #: the files the stage writes under ``out_dir``
 OUTPUTS = ("predictions.json", "calibration.csv", "paper_table.csv", "scaling.csv",
            "speedup_vs_bandwidth.csv", "speedup_vs_bandwidth.png")
+
+
+def _percent(x: float) -> str:
+    """A fraction as the papers write it: ``0.99`` -> ``99 %`` (``1 - 0.99`` -> ``1 %``)."""
+    return f"{round(100 * x, 6):g} %"
 
 
 def _billions(model: sp.PaperModel) -> str:
@@ -125,7 +130,7 @@ def calibration_frame(cal: dict[str, Any] | None) -> pd.DataFrame:
 
 
 def paper_frame() -> pd.DataFrame:
-    """:func:`~lmrepro.scape.steptime_paper.paper_table`: every model, density, network rate
+    """:func:`~lmrepro.scape.steptime_paper.paper_table`: every model, sparsity, network rate
     and MFU."""
     return pd.DataFrame(sp.paper_table())
 
@@ -143,7 +148,7 @@ def headline_frame(table: pd.DataFrame | None = None) -> pd.DataFrame:
             (sp.LLAMA_500M, "wall_saving", sp.PAPER_WALL_SAVING,
              f"{sp.PAPER_WALL_SAVING:.1%}",
              sp.required_bandwidth_for_saving(sp.LLAMA_500M, sp.PAPER_WALL_SAVING))):
-        rows = t[(t.model == model.name) & (t.density == model.density)]
+        rows = t[(t.model == model.name) & (t.sparsity == model.sparsity)]
         mid = rows[(rows.inter_node_gbit == sp.INTER_GBIT_RANGE[0])
                    & (rows.mfu == sp.DEFAULT_MFU)][key].iloc[0]
         lo, hi = rows[key].min(), rows[key].max()
@@ -153,9 +158,9 @@ def headline_frame(table: pd.DataFrame | None = None) -> pd.DataFrame:
 
         claim = ("per-step speedup over dense AdamS" if key == "speedup" else
                  f"wall-clock saving over {model.total_steps:,} iterations "
-                 f"({model.dense_steps:,} dense, {model.ramp_steps:,} density warm-up)")
+                 f"({model.dense_steps:,} dense, {model.ramp_steps:,} sparsity warm-up)")
         out.append({"claim": claim,
-                    "config": f"{_billions(model)}, density {model.density:g}, "
+                    "config": f"{_billions(model)}, {_percent(model.sparsity)} sparsity, "
                               f"{sp.PAPER_WORLD} GH200",
                     "paper_figure": text, "predicted_range": f"{fmt(lo)} to {fmt(hi)}",
                     "predicted_default": fmt(mid),
@@ -203,7 +208,7 @@ def scaling_frame(models: Sequence[sp.PaperModel] = (sp.LLAMA_500M, sp.LLAMA_1_8
     rows = []
     for m in models:
         for r in sp.scaling_table(m, gbit, mfu):
-            rows.append({"model": _billions(m), "density": m.density, "inter_node_gbit": gbit,
+            rows.append({"model": _billions(m), "sparsity": m.sparsity, "inter_node_gbit": gbit,
                          "mfu": mfu, **r})
     return pd.DataFrame(rows)
 
@@ -218,39 +223,39 @@ def _cluster_at(gbit: float, mfu: float) -> Cluster:
 
 
 def speedup_curves(models: Sequence[sp.PaperModel] = PLOT_MODELS,
-                   densities: Sequence[float] = PLOT_DENSITIES,
+                   sparsities: Sequence[float] = PLOT_SPARSITIES,
                    gbits: Sequence[float] = PLOT_GBITS, mfu: float = sp.DEFAULT_MFU
                    ) -> pd.DataFrame:
-    """Predicted speedup per model (its own batch and sequence length), density and network
+    """Predicted speedup per model (its own batch and sequence length), sparsity and network
     rate, on the paper's machine (32 GPUs, one per node)."""
     rows = []
     for m in models:
         w = m.workload()
-        for d in densities:
-            o = Options(density=d)
+        for s in sparsities:
+            o = Options(sparsity=s)
             for g in gbits:
                 r = predict(w, _cluster_at(g, mfu), o)
                 rows.append({"model": _billions(m), "in_paper": m in sp.MODELS,
                              "params": m.params()[0],
-                             "tokens_per_step": w.tokens_per_step, "density": d,
+                             "tokens_per_step": w.tokens_per_step, "sparsity": s,
                              "inter_node_gbit": g, "mfu": mfu, "speedup": r["speedup"]})
     return pd.DataFrame(rows)
 
 
 def break_even_frame(models: Sequence[sp.PaperModel] = PLOT_MODELS,
-                     densities: Sequence[float] = PLOT_DENSITIES,
+                     sparsities: Sequence[float] = PLOT_SPARSITIES,
                      mfu: float = sp.DEFAULT_MFU) -> pd.DataFrame:
-    """Per model and density: the network rate above which SCAPE is slower than dense
+    """Per model and sparsity: the network rate above which SCAPE is slower than dense
     (speedup 1), the rate at which it gives the paper's 3.26x, and the speedup at 200 and
     400 Gbit/s."""
     rows = []
     for m in models:
         w = m.workload()
-        for d in densities:
-            o = Options(density=d)
+        for s in sparsities:
+            o = Options(sparsity=s)
             c = _cluster_at(sp.INTER_GBIT_RANGE[0], mfu)
             row: dict[str, Any] = {"model": _billions(m), "tokens_per_step": w.tokens_per_step,
-                                   "density": d}
+                                   "sparsity": s}
             for g in sp.INTER_GBIT_RANGE:
                 row[f"speedup_at_{g:g}_gbit"] = predict(w, _cluster_at(g, mfu), o)["speedup"]
             row["gbit_for_paper_speedup"] = bandwidth_for_speedup(sp.PAPER_STEP_SPEEDUP, w, c, o)
@@ -261,18 +266,18 @@ def break_even_frame(models: Sequence[sp.PaperModel] = PLOT_MODELS,
 
 def plot_speedup_vs_bandwidth(curves: pd.DataFrame | None = None) -> Figure:
     """Predicted speedup (dense / SCAPE step) against the network rate per node (log axis), one
-    panel per density, one line per model; speedup 1 (SCAPE stops paying), the paper's 3.26x,
+    panel per sparsity, one line per model; speedup 1 (SCAPE stops paying), the paper's 3.26x,
     the NDR range assumed for Vista and the rate at which Llama-1.8B gives 3.26x marked."""
     df = speedup_curves() if curves is None else curves
-    densities = sorted(df.density.unique(), reverse=True)
+    sparsities = sorted(df.sparsity.unique())
     fig = Figure(figsize=(11, 4.6), layout="constrained")
-    axes = fig.subplots(1, len(densities), sharey=True, squeeze=False)[0]
+    axes = fig.subplots(1, len(sparsities), sharey=True, squeeze=False)[0]
     colors = dict(zip(df.model.unique(), ("C0", "C1", "C2", "C3", "C4", "C5"), strict=False))
     lo, hi = sp.INTER_GBIT_RANGE
-    for ax, d in zip(axes, densities, strict=True):
+    for ax, s in zip(axes, sparsities, strict=True):
         ax.axvspan(lo, hi, color="0.85", zorder=0,
                    label=f"NDR range assumed for Vista ({lo:g}-{hi:g} Gbit/s)")
-        for model, g in df[df.density == d].groupby("model", sort=False):
+        for model, g in df[df.sparsity == s].groupby("model", sort=False):
             ls = "-" if g.get("in_paper", pd.Series([True])).iloc[0] else "-."
             ax.plot(g.inter_node_gbit, g.speedup, color=colors[model], lw=1.8, ls=ls,
                     label=model)
@@ -283,9 +288,10 @@ def plot_speedup_vs_bandwidth(curves: pd.DataFrame | None = None) -> Figure:
                 ha="left", va="bottom", fontsize=8.5)
         ax.axhline(sp.PAPER_STEP_SPEEDUP, color="black", ls="--", lw=1)
         ax.text(df.inter_node_gbit.max(), sp.PAPER_STEP_SPEEDUP,
-                f"paper: {sp.PAPER_STEP_SPEEDUP}x\n(Llama-1.8B, density 0.01) ",
+                f"paper: {sp.PAPER_STEP_SPEEDUP}x\n(Llama-1.8B, "
+                f"{_percent(sp.LLAMA_1_8B.sparsity)} sparsity) ",
                 ha="right", va="bottom", fontsize=8.5)
-        if math.isclose(d, sp.LLAMA_1_8B.density):
+        if math.isclose(s, sp.LLAMA_1_8B.sparsity):
             need = sp.required_bandwidth(sp.LLAMA_1_8B, sp.PAPER_STEP_SPEEDUP)
             if need is not None:
                 ax.plot([need], [sp.PAPER_STEP_SPEEDUP], marker="*", ms=14, color="C2",
@@ -295,7 +301,7 @@ def plot_speedup_vs_bandwidth(curves: pd.DataFrame | None = None) -> Figure:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("network rate per node (Gbit/s, log scale)")
-        ax.set_title(f"density {d:g} ({1 - d:.0%} sparsity)")
+        ax.set_title(f"{_percent(s)} sparsity ({_percent(1 - s)} of the coordinates sent)")
         ax.grid(True, which="major", alpha=0.4)
     ymax = max(df.speedup.max(), sp.PAPER_STEP_SPEEDUP) * 1.2
     axes[0].set_ylim(0.8, ymax)
@@ -369,7 +375,7 @@ def paper_table_view(paper: pd.DataFrame, mfu: float = sp.DEFAULT_MFU) -> pd.Dat
     names = {m.name: _billions(m) for m in sp.MODELS}
     t = paper[paper.mfu == mfu].copy()
     t["model"] = t.model.map(names)
-    return t[["model", "density", "inter_node_gbit", "mfu", "dense_step_s", "scape_step_s",
+    return t[["model", "sparsity", "inter_node_gbit", "mfu", "dense_step_s", "scape_step_s",
               "speedup", "wall_saving"]]
 
 
