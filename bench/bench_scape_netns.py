@@ -251,8 +251,8 @@ def _run_methods(methods: list[str], args: argparse.Namespace, rank: int, world:
             "phases_s": m["inst"].timer.per_call(n_steps),
             "bytes": {k: int(v) for k, v in opt.comm_stats().items()},
             "n_params": m["model"].num_parameters(),
-            "density": getattr(opt, "density", None),
-            "mask_kind": (opt.mask_encoding(opt.density)[0]
+            "sparsity": getattr(opt, "sparsity", None),
+            "mask_kind": (opt.mask_encoding(opt.sparsity)[0]
                           if hasattr(opt, "mask_encoding") else None),
             "owned": ([s.numel for s in opt.slots if s.owner == rank]
                       if hasattr(opt, "slots") else None),
@@ -555,7 +555,9 @@ def parent_main(args: argparse.Namespace) -> int:
     owned = next((r for r in runs if r.get("owned")), None)
     if owned:
         results["mask_selection_alternatives"] = mask_selection_alternatives(
-            owned["owned"], sorted({float(r["density"]) for r in runs if r.get("density")}))
+            # keyed by the fraction kept, 1 - sparsity (the selection's own argument)
+            owned["owned"], sorted({1.0 - float(r["sparsity"]) for r in runs
+                                    if r.get("sparsity")}))
         print("mask selection alternatives (1 thread):",
               json.dumps(results["mask_selection_alternatives"], indent=1), flush=True)
     results["namespace"]["deleted"] = name not in subprocess.run(

@@ -2,7 +2,7 @@
 # GPU check of the SCAPE wing, under 5 minutes: on a machine with CUDA it runs
 # `python -m lmrepro.scape.gpu_check` under torchrun with the NCCL backend (one worker per GPU,
 # at most GPU_CHECK_NPROC; world size 1 is enough), which checks the CUDA code paths of the
-# optimizer library, SCAPE at density 1 against AdamS on the GPU, and prints the step times and
+# optimizer library, SCAPE at sparsity 0 (dense) against AdamS on the GPU, and prints the step times and
 # bytes of SCAPE and the dense baselines. Without CUDA it says so and exits 0 without running.
 #
 #   bash scripts/gpu-check.sh            # PYTHON=/path/to/python to choose the interpreter

@@ -78,7 +78,7 @@ def test_stage_runs_the_sweep_then_the_suite_at_the_winners(corpus, tmp_path, mo
     os.rename(corpus, prepared / "tiny")
     suite = ScapeSuite(
         corpus="tiny", world_size=1, steps=6, batch_size=2, lr=1e-3, warmup_steps=1,
-        eval_batches=2, eval_batch_size=2, checkpoint_every=0, density_warmup_steps=2,
+        eval_batches=2, eval_batch_size=2, checkpoint_every=0, sparsity_warmup_steps=2,
         runs=[ScapeRun(name="adams", optimizer="adams"),
               ScapeRun(name="scape90", optimizer="scape", sparsity=0.9),
               ScapeRun(name="scape90_stale_m", optimizer="scape", sparsity=0.9,
@@ -103,7 +103,7 @@ def test_stage_runs_the_sweep_then_the_suite_at_the_winners(corpus, tmp_path, mo
     ab = rep["tables"]["ablation"]
     assert list(ab["method"]) == ["adams", "scape", "scape_stale_m"]
     assert all(0 < float(c) <= 1 for c in ab["final coverage"][1:])
-    for name in ("coverage", "coverage_at_target", "residual_norm", "density", "sweep"):
+    for name in ("coverage", "coverage_at_target", "residual_norm", "sparsity", "sweep"):
         assert (tmp_path / "analysis" / f"scape_{name}.png").stat().st_size > 1000
     lrq = rep["tables"]["lr_findings"].set_index("run")
     assert sorted(lrq["rank at its best lr"]) == [1, 2, 3]
@@ -150,7 +150,7 @@ def test_gpu_check_dry_run_on_cpu(monkeypatch, capsys):
                            "--d-model", "32"]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "scape99" in out and "adamw" in out
-    monkeypatch.setattr(gpu_check, "check_density_one", lambda *a: 1e-3)
+    monkeypatch.setattr(gpu_check, "check_sparsity_zero", lambda *a: 1e-3)
     assert gpu_check.main(["--device", "cpu", "--steps", "3", "--batch", "2", "--layers", "1",
                            "--d-model", "32"]) == 1
     assert "differs from AdamS" in capsys.readouterr().out

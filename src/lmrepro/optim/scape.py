@@ -35,9 +35,8 @@ the current mask) and ``r_i`` the worker's residual in momentum units:
 Tensors with one dimension (norms, biases) are sent whole every step when
 ``exclude_1d_from_topk`` (the default, as the authors'). The sparsity follows
 :func:`sparsity_at`: ``dense_steps`` dense steps, then linear from ``sparsity_start`` to the
-target over ``sparsity_warmup_steps``. ``d(t) = 1 - sparsity`` above is the fraction kept (the
-density, the formulas' internal variable). A step with no mask yet (step 0 while sparse)
-bootstraps it synchronously from the owners' local ``c``.
+target over ``sparsity_warmup_steps``; ``d(t)`` above is ``1 - sparsity``, the fraction kept. A
+step with no mask yet (step 0 while sparse) bootstraps it synchronously from the owners' ``c``.
 
 ``mask_rule="stale_m"`` is our first reading, kept as a named ablation: workers send ``g_i + r_i``
 (gradient units) on the mask, ``m`` and ``v`` are updated only on the mask and ``m`` stays frozen
@@ -64,8 +63,7 @@ from .comm import (Comm, FlatParams, all_finite, check_grads, check_params, chec
                    unpacked_indices)
 from .errors import ParameterError, check
 from .scape_layout import (DECAY_SCOPES, MASK_RULES, Slot, apply_update, assign_owners,
-                           build_layout, checked_groups, density_at, mask_diagnostics,
-                           sparsity_at)
+                           build_layout, checked_groups, density_at, mask_diagnostics, sparsity_at)
 
 __all__ = ["DECAY_SCOPES", "MASK_RULES", "SCAPE", "STATE_FORMAT", "Slot", "assign_owners",
            "sparsity_at"]
@@ -161,8 +159,7 @@ class SCAPE(torch.optim.Optimizer):
         self._allocate_state(all_params)
 
     def _allocate_state(self, all_params: list[torch.Tensor]) -> None:
-        """The flat parameters (broadcast from rank 0), ``m``, the residual, the workspaces and
-        the mask bookkeeping."""
+        """The flat parameters (broadcast from rank 0), ``m``, residual, workspaces, mask state."""
         dev = self.device
         self.flat = FlatParams(all_params)
         self.comm.broadcast_(self.flat.flat)
@@ -207,10 +204,6 @@ class SCAPE(torch.optim.Optimizer):
     def comm_stats(self) -> dict[str, int]:
         """Bytes this rank handed to collectives in the last step, by kind, and ``total``."""
         return self.comm.stats()
-
-    def kept(self, sparsity: float) -> list[int]:
-        """Coordinates selected per owner rank at ``sparsity`` (excluded tensors not counted)."""
-        return self.layout.kept(1.0 - sparsity)
 
     def mask_encoding(self, sparsity: float) -> tuple[str, int]:
         """How a mask at ``sparsity`` travels: :meth:`.scape_layout.Layout.mask_encoding`."""

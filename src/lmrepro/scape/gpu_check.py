@@ -4,7 +4,7 @@ device it is given (CUDA with NCCL; ``--device cpu`` with gloo for a dry run of 
 1. checks the CUDA code paths of the optimizer library against their CPU twins (``torch.topk``
    against ``numpy.argpartition``, the bit packing) and an NCCL all-reduce and asynchronous
    all-gather;
-2. checks that SCAPE at density 1 without bias correction equals dense AdamS on the averaged
+2. checks that SCAPE at sparsity 0 without bias correction equals dense AdamS on the averaged
    gradient, on the device, to 1e-5;
 3. trains the byte-level model for a few steps with dense AdamW, dense AdamS, SCAPE 90 % and
    99 % and top-k 99 % exactly as ``train-scape`` builds them, and prints each method's median
@@ -61,15 +61,15 @@ def check_kernels(dev: torch.device) -> list[str]:
     return bad
 
 
-def check_density_one(dev: torch.device, rank: int, world: int) -> float:
-    """Max |SCAPE(density 1, no bias correction) - AdamS on the mean gradient| after 5 steps."""
+def check_sparsity_zero(dev: torch.device, rank: int, world: int) -> float:
+    """Max |SCAPE(sparsity 0, no bias correction) - AdamS on the mean gradient| after 5 steps."""
     shapes = [(64, 48), (48,), (32, 64)]
     gen = torch.Generator().manual_seed(1)
     init = [torch.randn(s, generator=gen) for s in shapes]
     ps = [t.clone().to(dev).requires_grad_(True) for t in init]
     qs = [t.clone().to(dev).requires_grad_(True) for t in init]
     hp = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    opt = SCAPE(ps, density=1.0, bias_correction=False, **hp)
+    opt = SCAPE(ps, sparsity=0.0, bias_correction=False, **hp)
     ref = DenseDP(AdamS(qs, **hp))
     diff = 0.0
     for t in range(5):
@@ -131,14 +131,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu-check: device {dev} ({name}), backend {ctx.backend}, world "
                   f"{ctx.world_size}, torch {torch.__version__}", flush=True)
         failures += check_kernels(dev)
-        diff = check_density_one(dev, ctx.rank, ctx.world_size)
+        diff = check_sparsity_zero(dev, ctx.rank, ctx.world_size)
         if diff > 1e-5:
-            failures.append(f"SCAPE at density 1 differs from AdamS by {diff:.3g} (> 1e-5)")
+            failures.append(f"SCAPE at sparsity 0 differs from AdamS by {diff:.3g} (> 1e-5)")
         rows = time_methods(dev, args.steps, ModelConfig(n_layers=args.layers,
                                                          d_model=args.d_model, n_heads=4,
                                                          context=128), args.batch)
         if ctx.is_main:
-            print(f"density 1 vs AdamS on the averaged gradient: max |diff| = {diff:.3g}")
+            print(f"sparsity 0 vs AdamS on the averaged gradient: max |diff| = {diff:.3g}")
             print(f"{'method':<10}{'step ms':>10}{'grad B':>12}{'mask B':>10}{'total B':>12}"
                   f"{'loss first -> last':>22}")
             for r in rows:
