@@ -96,7 +96,7 @@ def stage_times(cfg_dict: dict, threads: int, repeats: int) -> dict[str, Any]:
                                                        "optimizer")}
     dec_times: list[float] = []
     for _rep in range(repeats + 1):      # the first is a warm-up
-        x, y = sample_batch(train, cfg.batch_size, cfg.context, gen)
+        x, y = sample_batch(train, cfg.batch_size, cfg.model.context, gen)
         per = {n: [0.0] * K for n in ("pre_send", "post_send", "backward")}
         for m, (xm, ym) in enumerate(micro_batches(x, y, M)):
             h = xm
@@ -215,7 +215,7 @@ def ideal(cfg_dict: dict, measured: dict[int, dict], allreduce_s: float, cores: 
     step = ideal_step_time(ws, cfg.micro_batches, cfg.horizon > 1, allreduce_s,
                            cfg.consensus_staleness, cfg.async_threads, cores)
     busy = [busy_step(w, cfg.micro_batches) for w in ws]
-    return {"step_s": step, "tokens_per_s": cfg.batch_size * cfg.context / step,
+    return {"step_s": step, "tokens_per_s": cfg.batch_size * cfg.model.context / step,
             "busy_per_worker_s": busy, "bottleneck_worker": int(np.argmax(busy)),
             "bubble_fraction": 1.0 - max(busy) / step,
             "workers": [w.__dict__ for w in ws], "allreduce_s": allreduce_s}
@@ -305,13 +305,14 @@ def main_bench(args: argparse.Namespace) -> int:
     over = dict(steps=args.steps, warmup_steps=min(5, args.steps), eval_batches=4,
                 eval_batch_size=8, checkpoint_every=0, eval_every=0)
     if args.n_layers:
-        over["n_layers"] = args.n_layers
+        over["model"] = base.model.replace(n_layers=args.n_layers)
     cfg = base.replace(**over)
     info = machine_info()
     info["busy_processes_at_start"] = busy_processes()
     load_start = load_average()
     print(f"bench_rgc: {info['cpu_model']}, {cores} cores, torch {info['torch']}; default "
-          f"profile's model L={cfg.n_layers} K={K} d={cfg.d_model} T={cfg.context}, batch "
+          f"profile's model L={cfg.model.n_layers} K={K} d={cfg.model.d_model} "
+          f"T={cfg.model.context}, batch "
           f"{cfg.batch_size} x {cfg.micro_batches} micro-batches, placement {cfg.placement} x "
           f"{list(cfg.worker_threads)} threads; {args.steps} steps; load {load_start}",
           flush=True)
@@ -334,7 +335,7 @@ def main_bench(args: argparse.Namespace) -> int:
                 f" + bwd {1e3 * st['backward'][k]:.1f}" for k in range(K)), flush=True)
     from lmrepro.model import ByteTransformer
 
-    n_dec = sum(p.numel() for p in ByteTransformer(cfg.model_shape()).decoder.parameters())
+    n_dec = sum(p.numel() for p in ByteTransformer(cfg.model).decoder.parameters())
     allreduce_s = _isolated_json(["--allreduce", str(cfg.n_workers), str(n_dec)])
     print(f"  all-reduce of {n_dec} floats among {cfg.n_workers} processes: "
           f"{allreduce_s * 1e3:.3f} ms", flush=True)

@@ -30,18 +30,19 @@ def one(size: str, executor: str, steps: int) -> float:
     import torch
 
     from lmrepro.data.prepare import load_split
+    from lmrepro.model import ModelConfig
     from lmrepro.rgc import RGCConfig, train
 
     torch.set_num_threads(1)
     layers, width, heads = SIZES[size]
-    cfg = RGCConfig(n_layers=layers, d_model=width, n_heads=heads, n_stages=4, context=128,
-                    batch_size=16, micro_batches=4, steps=steps, warmup_steps=1,
+    cfg = RGCConfig(model=ModelConfig(n_layers=layers, d_model=width, n_heads=heads, context=128),
+                    n_stages=4, batch_size=16, micro_batches=4, steps=steps, warmup_steps=1,
                     eval_batches=1, eval_batch_size=8, checkpoint_every=0,
                     backprop_threads=1)
     root = REPO / "data" / "prepared" / "shakespeare"
     res = train(cfg, executor, np.asarray(load_split(root, "train")),
                 np.asarray(load_split(root, "val")), seed=0)
-    return res.tokens_per_s / (cfg.batch_size * cfg.context)
+    return res.tokens_per_s / (cfg.batch_size * cfg.model.context)
 
 
 def _one_star(args: tuple[str, str, int]) -> float:

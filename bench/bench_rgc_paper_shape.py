@@ -72,6 +72,7 @@ def load_corpus() -> tuple[np.ndarray, np.ndarray, str]:
 
 def paper_config(args: argparse.Namespace) -> Any:
     """The ``paper`` profile's ``rgc:`` model at this run's placement, threads and steps."""
+    from lmrepro.model import ModelConfig
     from lmrepro.rgc.config import RGCConfig
 
     cores = os.cpu_count() or 1
@@ -82,8 +83,9 @@ def paper_config(args: argparse.Namespace) -> Any:
         else [max(1, cores // workers)] * workers
     bp = args.backprop_threads or min(cores, sum(tpw))
     f = args.shrink
-    return RGCConfig(n_layers=24 // min(f, 6), n_stages=K, d_model=512 // f, n_heads=8,
-                     context=512 // f, mlp_ratio=4,
+    model = ModelConfig(n_layers=24 // min(f, 6), d_model=512 // f, n_heads=8,
+                        context=512 // f, mlp_ratio=4)
+    return RGCConfig(model=model, n_stages=K,
                      batch_size=32, micro_batches=8, lr=0.0006, warmup_steps=1,
                      steps=args.steps, horizon=args.horizon, stages_per_worker=spw,
                      threads=tpw, backprop_threads=bp, cores=None,
@@ -263,17 +265,17 @@ def stage_compute(cfg_dict: dict, k: int, threads: int, repeats: int, pin: bool,
     # the stage and the decoder, as a worker holds them (the parent builds the whole model)
     model = own_stages_model(cfg, [k], build_model(cfg, 0).state_dict())
     model.train()
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     params = stage_parameters(model, bounds, k)
     opt = make_adamw(model, params, cfg)
     opt_dec = make_adamw(model, decoder_parameters(model), cfg)
     tr, _, _ = load_corpus()
     gen = torch.Generator().manual_seed(0)
-    b, T = cfg.micro_batch_size, cfg.context
+    b, T = cfg.micro_batch_size, cfg.model.context
     starts = torch.randint(0, len(tr) - T - 1, (b,), generator=gen).tolist()
     x = torch.from_numpy(np.stack([tr[s:s + T] for s in starts]).astype(np.int64))
     y = torch.from_numpy(np.stack([tr[s + 1:s + T + 1] for s in starts]).astype(np.int64))
-    act = torch.randn(b, T, cfg.d_model, generator=gen)
+    act = torch.randn(b, T, cfg.model.d_model, generator=gen)
     all_params = list(model.parameters())
     hwm0 = (status_memory(os.getpid()) or (0, 0))[1]
     times: dict[str, list[float]] = {n: [] for n in ("forward", "readout", "backward",
@@ -376,8 +378,8 @@ def main_bench(args: argparse.Namespace) -> int:
             return False
         return True
 
-    print(f"bench_rgc_paper_shape: {cores} cores; L={cfg.n_layers} d={cfg.d_model} "
-          f"T={cfg.context} K={cfg.n_stages} H={cfg.horizon}, batch {cfg.batch_size} in "
+    print(f"bench_rgc_paper_shape: {cores} cores; L={cfg.model.n_layers} d={cfg.model.d_model} "
+          f"T={cfg.model.context} K={cfg.n_stages} H={cfg.horizon}, batch {cfg.batch_size} in "
           f"{cfg.micro_batches} micro-batches; async {cfg.placement} x "
           f"{list(cfg.worker_threads)} threads, backprop {cfg.single_process_threads} threads; "
           f"{cfg.steps} steps; pinning {'on' if pin else 'off'}", flush=True)

@@ -288,12 +288,13 @@ def section_rgc(r: dict | None) -> str:
         return ("## RGC: async against its ideal and against backprop\n\nNot run yet: "
                 "`flock /tmp/lmrepro-heavy.lock python bench/bench_rgc.py`.\n")
     c, a = r["config"], r["args"]
+    m = c["model"]
     pa = r["paper_allocation"]
     parts = [
         "## RGC: async against its ideal and against backprop (`bench/bench_rgc.py`)\n",
         f"Machine: {_machine(r['machine'])}. {_load_line(r)}.\n",
-        f"Model: the default profile's `rgc:` section, {c['n_layers']} layers in "
-        f"{c['n_stages']} stages, d = {c['d_model']}, context {c['context']}, batch "
+        f"Model: the default profile's `rgc:` section, {m['n_layers']} layers in "
+        f"{c['n_stages']} stages, d = {m['d_model']}, context {m['context']}, batch "
         f"{c['batch_size']} in {c['micro_batches']} micro-batches, {c['steps']} steps, "
         f"corpus shakespeare. Async placement: stages {r['placement']} on "
         f"{len(r['placement'])} worker processes with {r['threads']} threads "
@@ -480,6 +481,7 @@ def section_rgc_paper_shape(r: dict | None, name: str) -> str:
         return (f"### At the paper's shape (`{name}`)\n\nNot run yet: `python "
                 "bench/bench_rgc_paper_shape.py`.\n")
     c = r["config"]
+    m = c["model"]
     acc = r["account"]
     kinds = [k for k in ("parameters", "gradients", "optimizer_state", "activations_kept",
                          "stashed_weights", "readout_transient", "queued_copies",
@@ -494,8 +496,8 @@ def section_rgc_paper_shape(r: dict | None, name: str) -> str:
            f"{busy or 'none'}"
            f". Benchmark wall time {r.get('wall_s', 0):.0f} s; skipped: "
            f"{', '.join(r.get('skipped', [])) or 'nothing'}.\n",
-           f"Model: {c['n_layers']} layers, d = {c['d_model']}, {c['n_heads']} heads, context "
-           f"{c['context']}, {c['n_stages']} stages, H = {c['horizon']}; batch "
+           f"Model: {m['n_layers']} layers, d = {m['d_model']}, {m['n_heads']} heads, context "
+           f"{m['context']}, {c['n_stages']} stages, H = {c['horizon']}; batch "
            f"{c['batch_size']} in {c['micro_batches']} micro-batches; {c['steps']} steps per "
            f"run (the first left out of the step times). Async: stages {r['placement']} on "
            f"workers of {r['threads']} threads; backprop: "

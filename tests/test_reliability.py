@@ -135,7 +135,8 @@ RGC_SLOW = textwrap.dedent("""
     train(RGCConfig(**json.loads(sys.argv[2])), "sync", data[:8000], data[8000:], sys.argv[1])
 """)
 
-TINY_RGC = dict(n_layers=2, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16,
+TINY_MODEL = dict(n_layers=2, d_model=16, n_heads=2, context=16)
+TINY_RGC = dict(model=TINY_MODEL, n_stages=2, horizon=1,
                 batch_size=4, micro_batches=2, warmup_steps=1, lr=3e-3, eval_batch_size=4,
                 eval_batches=2, stages_per_worker=[1, 1], threads=[1, 1],
                 backprop_threads=1, cores=2)
@@ -199,8 +200,8 @@ def test_a_failed_data_check_moves_nothing(tmp_path):
     (stage / "runs" / "tiny" / "rgc-sync" / "summary.json").write_text("{}")
     (stage / "runs" / "identity.json").write_text("{}")
     val_bytes = (prepared / "tiny" / "val.bin").stat().st_size
-    suite = RGCSuite(**{**TINY_RGC, "context": val_bytes + 10, "steps": 2, "corpora": ["tiny"],
-                        "executors": ["sync"]})
+    suite = RGCSuite(**{**TINY_RGC, "model": {**TINY_MODEL, "context": val_bytes + 10},
+                        "steps": 2, "corpora": ["tiny"], "executors": ["sync"]})
     with pytest.raises(ParameterError, match="tiny val split"):
         run_suite(suite, 0, prepared, stage)
     assert (stage / "runs" / "tiny" / "rgc-sync" / "summary.json").read_text() == "{}"
@@ -592,7 +593,8 @@ def test_a_full_disk_from_the_command_line_is_one_line(tmp_path):
     data = np.frombuffer(b"the cat sat on the mat. " * 400, dtype=np.uint8)
     data[:8000].tofile(tmp_path / "train.bin")
     data[8000:].tofile(tmp_path / "val.bin")
-    cfg = json.dumps({**TINY_RGC, "d_model": 64, "steps": 3, "checkpoint_every": 1})
+    cfg = json.dumps({**TINY_RGC, "model": {**TINY_MODEL, "d_model": 64}, "steps": 3,
+                      "checkpoint_every": 1})
     out = subprocess.run([*prefix, PY, "-m", "lmrepro", "train-rgc", "--executor", "sync",
                           "--out", str(mnt / "run"), "--train-file", str(tmp_path / "train.bin"),
                           "--val-file", str(tmp_path / "val.bin"), "--config-json", cfg],

@@ -28,7 +28,8 @@ TRAIN, VAL = DATA[:5000], DATA[5000:]
 
 
 def cfg(**kw) -> RGCConfig:
-    base = dict(n_layers=4, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16, steps=5,
+    base = dict(model=dict(n_layers=4, d_model=16, n_heads=2, context=16), n_stages=2, horizon=1,
+                steps=5,
                 batch_size=4, micro_batches=2, warmup_steps=2, lr=3e-3, eval_batch_size=4,
                 eval_batches=3, checkpoint_every=2, threads=(1, 1),
                 backprop_threads=1, timeout_s=60.0)
@@ -125,7 +126,7 @@ def reference_sum_of_local_losses(c: RGCConfig, delays: list[int] | None = None,
     history: list[dict[str, torch.Tensor]] = []
     for step in range(c.steps):
         set_lr(opts.values(), lr_at(c, step))
-        x, y = sample_batch(TRAIN, c.batch_size, c.context, gen)
+        x, y = sample_batch(TRAIN, c.batch_size, c.model.context, gen)
         now = {n: torch.zeros_like(p) for n, p in params.items()}
         for xm, ym in micro_batches(x, y, c.micro_batches):
             _, hidden = model(xm, return_hidden=True)

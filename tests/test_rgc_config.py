@@ -81,3 +81,41 @@ def test_paper_profile_encodes_the_papers_allocation_and_warns_when_run_here() -
         check_threads(paper.config, "async", cores=2)
     with pytest.warns(ThreadOversubscriptionWarning, match=r"rgc.backprop_threads = 24"):
         check_threads(paper.config, "backprop", cores=2)
+
+
+def with_rgc_model(tmp_path: Path, **model: object) -> Path:
+    raw = yaml.safe_load(PARAMS.read_text())
+    raw["rgc"]["model"].update(model)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("model, line", [
+    # ModelConfig's own rule, worded with the rgc.model key path
+    ({"n_heads": 3}, "rgc.model.n_heads = 3: must divide d_model = 128"),
+    # RGC's: a separate decoder replica and deterministic runs (refused, never overridden)
+    ({"tie_embeddings": True}, "rgc.model.tie_embeddings = True: must be false: RGC's decoder "
+     "is a separate replica every stage reads out through"),
+    ({"dropout": 0.1}, "rgc.model.dropout = 0.1: must be 0.0: RGC runs are deterministic"),
+    ({"n_layers": 6}, "rgc.n_stages = 4: must divide model.n_layers = 6"),
+])
+def test_the_model_is_a_model_config_whose_rules_name_the_rgc_model_key(
+        tmp_path: Path, model: dict, line: str) -> None:
+    with pytest.raises(ParameterError) as ei:
+        load_params(with_rgc_model(tmp_path, **model))
+    message = str(ei.value)
+    assert line in message and len(message.splitlines()) == 1, message
+
+
+@pytest.mark.parametrize("old", ["n_layers", "d_model", "n_heads", "context", "mlp_ratio"])
+def test_a_flat_model_key_is_refused_naming_its_place_in_model(tmp_path: Path, old: str
+                                                               ) -> None:
+    raw = yaml.safe_load(PARAMS.read_text())
+    raw["rgc"][old] = raw["rgc"]["model"][old]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ParameterError) as ei:
+        load_params(path)
+    assert ei.value.name == f"rgc.{old}"
+    assert f"this key was renamed: use model.{old} (the model is a ModelConfig" in str(ei.value)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lmrepro.errors import ParameterError
-from lmrepro.model import ByteTransformer, lm_loss
+from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.rgc import RGCConfig, ThreadOversubscriptionWarning, consensus_decoder_grad
 from lmrepro.rgc.config import check_threads
 from lmrepro.rgc.stages import (accumulate_rgc_grads, decoder_parameters, forward_stages,
@@ -21,21 +21,21 @@ torch.set_num_threads(1)
 
 
 def tiny(n_layers: int = 4, n_stages: int = 4, horizon: int = 1) -> RGCConfig:
-    return RGCConfig(n_layers=n_layers, n_stages=n_stages, horizon=horizon, d_model=16,
-                     n_heads=2, context=12, batch_size=4, micro_batches=1)
+    return RGCConfig(model=ModelConfig(n_layers=n_layers, d_model=16, n_heads=2, context=12),
+                     n_stages=n_stages, horizon=horizon, batch_size=4, micro_batches=1)
 
 
 def model_and_batch(cfg: RGCConfig, seed: int = 0
                     ) -> tuple[ByteTransformer, torch.Tensor, torch.Tensor]:
     torch.manual_seed(seed)
-    model = ByteTransformer(cfg.model_shape())
+    model = ByteTransformer(cfg.model)
     # make the residual/readout non-trivial so gradients are not tiny and distinct per stage
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randint(0, 256, (3, cfg.context), generator=g)
-    y = torch.randint(0, 256, (3, cfg.context), generator=g)
+    x = torch.randint(0, 256, (3, cfg.model.context), generator=g)
+    y = torch.randint(0, 256, (3, cfg.model.context), generator=g)
     return model, x, y
 
 
@@ -46,7 +46,7 @@ def test_stage_bounds_and_windows() -> None:
     assert list(horizon_window(1, 4)) == [0, 1]
     cfg = tiny()
     model, _, _ = model_and_batch(cfg)
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     names = [stage_parameter_names(model, bounds, k) for k in range(cfg.n_stages)]
     # every non-decoder parameter belongs to exactly one stage; the embedding to stage 0
     flat = [n for ns in names for n in ns]
@@ -62,7 +62,7 @@ def test_full_horizon_last_stage_loss_equals_global_backprop() -> None:
     backprop of the model's own loss CE(D(h_L), y) (same parameters, same graph)."""
     cfg = tiny(horizon=4)
     model, x, y = model_and_batch(cfg)
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     local = stage_local_grads(model, bounds, x, y, cfg.horizon)
     last = local[-1]
     assert list(last.window) == [0, 1, 2, 3]
@@ -84,7 +84,7 @@ def test_full_horizon_accumulated_grads_equal_backprop_of_summed_local_losses() 
     The reference is computed independently from ``model(x, return_hidden=True)``."""
     cfg = tiny(n_layers=4, n_stages=2, horizon=2)
     model, x, y = model_and_batch(cfg, seed=3)
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     accumulate_rgc_grads(model, bounds, x, y, cfg.horizon)
     got = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
@@ -102,7 +102,7 @@ def test_full_horizon_accumulated_grads_equal_backprop_of_summed_local_losses() 
 def test_horizon_one_no_gradient_reaches_an_earlier_stage() -> None:
     cfg = tiny(horizon=1)
     model, x, y = model_and_batch(cfg)
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     hs = forward_stages(model, bounds, x, horizon=1)
     for k in range(1, cfg.n_stages):
         loss = local_loss(model, hs[k], y)
@@ -123,7 +123,7 @@ def test_intermediate_horizon_equals_detaching_at_the_window_edge() -> None:
     """H = 2, K = 4: stage 3's loss updates stages 2 and 3 exactly as if h_1 were detached."""
     cfg = tiny(horizon=2)
     model, x, y = model_and_batch(cfg, seed=5)
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     got = stage_local_grads(model, bounds, x, y, 2)[3]
     assert list(got.window) == [2, 3]
     with torch.no_grad():
@@ -142,7 +142,7 @@ def test_decoder_gradient_is_the_mean_of_the_stage_readout_gradients() -> None:
     torch.testing.assert_close(consensus_decoder_grad([a, b, c]), torch.tensor([1.0, 3.0]))
     cfg = tiny(horizon=1)
     model, x, y = model_and_batch(cfg, seed=7)
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     per_stage = []
     for k in range(cfg.n_stages):  # independent: one readout gradient per stage
         hs = forward_stages(model, bounds, x, 1)
@@ -158,9 +158,9 @@ def test_decoder_gradient_is_the_mean_of_the_stage_readout_gradients() -> None:
 
 
 @pytest.mark.parametrize("kw, name", [
-    (dict(n_layers=6, n_stages=4), "rgc.n_stages"),
-    (dict(n_layers=8, n_stages=4, horizon=0), "rgc.horizon"),
-    (dict(n_layers=8, n_stages=4, horizon=5), "rgc.horizon"),
+    (dict(model=dict(n_layers=6), n_stages=4), "rgc.n_stages"),
+    (dict(model=dict(n_layers=8), n_stages=4, horizon=0), "rgc.horizon"),
+    (dict(model=dict(n_layers=8), n_stages=4, horizon=5), "rgc.horizon"),
     (dict(batch_size=6, micro_batches=4), "rgc.micro_batches"),
     (dict(n_stages=4, threads=(1, 1)), "rgc.threads"),
     (dict(n_stages=4, threads=(1, 0, 1, 1)), "rgc.threads"),
@@ -175,7 +175,9 @@ def test_decoder_gradient_is_the_mean_of_the_stage_readout_gradients() -> None:
     (dict(steps=3, consensus_staleness=3), "rgc.consensus_staleness"),
     # running ahead: worker 0 of 4 would take its gradients 2 x 3 = 6 steps late, past the end
     (dict(n_stages=4, horizon=2, steps=5, consensus_staleness=2), "rgc.consensus_staleness"),
-    (dict(d_model=30, n_heads=4), "rgc.n_heads"),
+    (dict(model=dict(d_model=30, n_heads=4)), "rgc.model.n_heads"),
+    (dict(model=dict(tie_embeddings=True)), "rgc.model.tie_embeddings"),
+    (dict(model=dict(dropout=0.1)), "rgc.model.dropout"),
 ])
 def test_bad_config_names_parameter_value_and_allowed(kw: dict, name: str) -> None:
     with pytest.raises(ParameterError) as ei:
@@ -186,14 +188,14 @@ def test_bad_config_names_parameter_value_and_allowed(kw: dict, name: str) -> No
 
 def test_oversubscription_warns_clearly() -> None:
     cores = os.cpu_count() or 1
-    cfg = RGCConfig(n_layers=4, n_stages=2, threads=(cores, 1))
+    cfg = RGCConfig(model=dict(n_layers=4), n_stages=2, threads=(cores, 1))
     with pytest.warns(ThreadOversubscriptionWarning, match=r"rgc.threads.*cores"):
         assert check_threads(cfg, "async") == cores + 1
     with pytest.warns(ThreadOversubscriptionWarning, match="rgc.backprop_threads"):
         check_threads(cfg.replace(backprop_threads=cores + 3), "backprop")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        check_threads(RGCConfig(n_layers=4, n_stages=1), "sync", cores=1)
+        check_threads(RGCConfig(model=dict(n_layers=4), n_stages=1), "sync", cores=1)
 
 
 @pytest.mark.parametrize("n_stages, horizon", [(4, 1), (4, 2), (4, 3), (4, 4), (3, 2)])
@@ -206,13 +208,13 @@ def test_pipelined_backward_equals_the_windowed_local_gradients(n_stages: int, h
     gradients (``accumulate_rgc_grads``) for every horizon and placement, over 2 micro-batches."""
     from lmrepro.rgc.worker_stages import WorkerStages
 
-    cfg = RGCConfig(n_layers=n_stages, n_stages=n_stages, horizon=horizon, d_model=16,
-                    n_heads=2, context=12, batch_size=4, micro_batches=2)
+    cfg = RGCConfig(model=ModelConfig(n_layers=n_stages, d_model=16, n_heads=2, context=12),
+                    n_stages=n_stages, horizon=horizon, batch_size=4, micro_batches=2)
     groups = {"one per worker": [[k] for k in range(n_stages)],
               "two workers": [list(range(n_stages // 2)), list(range(n_stages // 2, n_stages))],
               "one worker": [list(range(n_stages))]}[placement]
     model, x, y = model_and_batch(cfg, seed=11)
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     for xm, ym in zip(x.chunk(2), y.chunk(2)):
         accumulate_rgc_grads(model, bounds, xm, ym, horizon, scale=0.5)
     want = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -275,11 +277,11 @@ def test_a_worker_holds_only_its_stages_and_the_decoder() -> None:
     from lmrepro.rgc.async_ import worker_start
     from lmrepro.rgc.worker_stages import own_stages_model
 
-    cfg = RGCConfig(n_layers=8, n_stages=4, d_model=16, n_heads=2, context=12, batch_size=4,
-                    micro_batches=2, stages_per_worker=[1, 2, 1])
+    cfg = RGCConfig(model=ModelConfig(n_layers=8, d_model=16, n_heads=2, context=12),
+                    n_stages=4, batch_size=4, micro_batches=2, stages_per_worker=[1, 2, 1])
     full, x, _ = model_and_batch(cfg, seed=5)
     state = full.state_dict()
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     for w, stages in enumerate(cfg.placement):
         part = worker_start(cfg, w, full, None)
         model = own_stages_model(cfg, stages, part["model"])

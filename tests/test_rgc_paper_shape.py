@@ -12,9 +12,9 @@ from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.stages import run_stage, stage_bounds, stage_parameters
 
 
-def tiny(**kw: object) -> RGCConfig:
-    base = dict(n_layers=4, n_stages=2, d_model=32, n_heads=4, context=16, batch_size=8,
-                micro_batches=2, steps=2, warmup_steps=1)
+def tiny(n_layers: int = 4, context: int = 16, **kw: object) -> RGCConfig:
+    base = dict(model=dict(n_layers=n_layers, d_model=32, n_heads=4, context=context),
+                n_stages=2, batch_size=8, micro_batches=2, steps=2, warmup_steps=1)
     return RGCConfig(**{**base, **kw})
 
 
@@ -23,7 +23,7 @@ def test_parameter_bytes_equal_the_models_tensors() -> None:
     model = build_model(cfg, 0)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     assert ba.FLOAT * ba.model_parameters(cfg) == total
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     for k in range(cfg.n_stages):
         params = stage_parameters(model, bounds, k)
         assert ba.stage_parameters(cfg, k) == sum(p.numel() for p in params)
@@ -37,7 +37,7 @@ def test_saved_activation_bytes_match_autograd(b: int, context: int) -> None:
     the readout, at several micro-batch sizes and contexts."""
     cfg = tiny(context=context)
     model = build_model(cfg, 0)
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     x = torch.randint(0, 256, (b, context))
     params = list(model.parameters())
     got0, h = ba.measure_saved_bytes(lambda: run_stage(model, bounds, 0, x), params)

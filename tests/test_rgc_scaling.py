@@ -13,14 +13,14 @@ from lmrepro.errors import ConfigError
 from lmrepro.results import read_summary
 from lmrepro.rgc.config import RGCConfig, RGCSuite
 
-TINY = {"n_layers": 4, "d_model": 16, "n_heads": 2, "context": 16, "batch_size": 4,
+TINY = {"model": {"n_layers": 4, "d_model": 16, "n_heads": 2, "context": 16}, "batch_size": 4,
         "micro_batches": 2, "eval_batches": 2, "eval_batch_size": 4, "steps": 4,
         "warmup_steps": 1, "checkpoint_every": 2, "cores": 2,
         "stages_per_worker": [2, 2]}
 
 
 def _study(**over) -> dict:
-    s = {"sizes": {"a": {"n_layers": 4, "d_model": 16, "n_heads": 2}},
+    s = {"sizes": {"a": {"n_layers": 4, "d_model": 16, "n_heads": 2, "context": 16}},
          "lengths": {"a": [2, 4]},
          "runs": [{"name": "rgc", "executor": "sync", "lr": 0.003},
                   {"name": "rgc_stale1", "executor": "sync", "consensus_staleness": 1,
@@ -54,7 +54,13 @@ def test_a_bad_study_is_refused_naming_the_key(over: dict, fragment: str) -> Non
 
 def test_a_size_that_the_stage_cut_cannot_split_is_refused() -> None:
     with pytest.raises((ConfigError, ValueError), match=r"scaling\.sizes\.a"):
-        _suite(sizes={"a": {"n_layers": 6, "d_model": 16, "n_heads": 2}})
+        _suite(sizes={"a": {"n_layers": 6, "d_model": 16, "n_heads": 2, "context": 16}})
+
+
+def test_a_size_is_a_model_config_whose_own_rule_names_its_key_path() -> None:
+    with pytest.raises(ConfigError) as ei:
+        _suite(sizes={"a": {"n_layers": 4, "d_model": 16, "n_heads": 3, "context": 16}})
+    assert "rgc.scaling.sizes.a.n_heads = 3: must divide d_model = 16" in str(ei.value)
 
 
 def test_run_config_scales_the_warmup_and_sets_the_run() -> None:
@@ -69,7 +75,8 @@ def test_run_config_scales_the_warmup_and_sets_the_run() -> None:
     assert (cfg.steps, cfg.warmup_steps, cfg.checkpoint_every) == (1000, 50, 250)
     assert cfg.consensus_staleness == 1 and cfg.lr == 0.003
     assert cfg.single_process_threads == 1
-    assert (cfg.n_layers, cfg.d_model, cfg.context) == (4, 16, 16)
+    assert cfg.model == study.sizes["a"]          # the size is the run's whole model
+    assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.context) == (4, 16, 16)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,8 @@ TRAIN, VAL = DATA[:5000], DATA[5000:]
 
 
 def cfg(**kw) -> RGCConfig:
-    base = dict(n_layers=4, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16, steps=6,
+    base = dict(model=dict(n_layers=4, d_model=16, n_heads=2, context=16), n_stages=2, horizon=1,
+                steps=6,
                 batch_size=4, micro_batches=2, warmup_steps=2, lr=3e-3, eval_batch_size=4,
                 eval_batches=3, checkpoint_every=2, threads=(1, 1),
                 backprop_threads=1)

@@ -58,17 +58,17 @@ KINDS = ("parameters", "gradients", "optimizer_state", "activations_kept", "stas
 def block_parameters(cfg: RGCConfig) -> int:
     """Parameters of one transformer block: two LayerNorms, qkv and output projections (with
     bias), the MLP (with bias)."""
-    d, h = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    d, h = cfg.model.d_model, cfg.model.mlp_ratio * cfg.model.d_model
     return 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d)
 
 
 def embedding_parameters(cfg: RGCConfig) -> int:
-    return (VOCAB_SIZE + cfg.context) * cfg.d_model
+    return (VOCAB_SIZE + cfg.model.context) * cfg.model.d_model
 
 
 def decoder_parameters(cfg: RGCConfig) -> int:
     """The readout: final LayerNorm and the 256-way projection (no bias)."""
-    return 2 * cfg.d_model + cfg.d_model * VOCAB_SIZE
+    return 2 * cfg.model.d_model + cfg.model.d_model * VOCAB_SIZE
 
 
 def stage_parameters(cfg: RGCConfig, k: int) -> int:
@@ -82,7 +82,7 @@ def stage_tensors(cfg: RGCConfig, k: int) -> int:
 
 
 def model_parameters(cfg: RGCConfig) -> int:
-    return cfg.n_layers * block_parameters(cfg) + embedding_parameters(cfg) \
+    return cfg.model.n_layers * block_parameters(cfg) + embedding_parameters(cfg) \
         + decoder_parameters(cfg)
 
 
@@ -94,23 +94,23 @@ def block_saved_bytes(cfg: RGCConfig, micro_batch: int | None = None) -> int:
     hidden pre- and post-GELU (2 x mlp_ratio x d); LayerNorm mean and rstd (2 x 2 floats); the
     attention's log-sum-exp (one per head)."""
     b = cfg.micro_batch_size if micro_batch is None else micro_batch
-    d = cfg.d_model
-    per_token = (5 + 3 + 2 * cfg.mlp_ratio) * d + 4 + cfg.n_heads
-    return FLOAT * b * cfg.context * per_token
+    d = cfg.model.d_model
+    per_token = (5 + 3 + 2 * cfg.model.mlp_ratio) * d + 4 + cfg.model.n_heads
+    return FLOAT * b * cfg.model.context * per_token
 
 
 def embedding_saved_bytes(cfg: RGCConfig, micro_batch: int | None = None) -> int:
     """The embedding saves the byte ids and the positions (int64)."""
     b = cfg.micro_batch_size if micro_batch is None else micro_batch
-    return INDEX * (b * cfg.context + cfg.context)
+    return INDEX * (b * cfg.model.context + cfg.model.context)
 
 
 def readout_saved_bytes(cfg: RGCConfig, micro_batch: int | None = None) -> int:
     """One readout with its loss: the input and LayerNorm output (2d), mean and rstd, the
     log-softmax over 256 bytes, the targets (int64), and the loss's scalar."""
     b = cfg.micro_batch_size if micro_batch is None else micro_batch
-    n = b * cfg.context
-    return FLOAT * n * (2 * cfg.d_model + 2 + VOCAB_SIZE) + INDEX * n + FLOAT
+    n = b * cfg.model.context
+    return FLOAT * n * (2 * cfg.model.d_model + 2 + VOCAB_SIZE) + INDEX * n + FLOAT
 
 
 def stage_saved_bytes(cfg: RGCConfig, k: int, micro_batch: int | None = None) -> int:
@@ -121,15 +121,15 @@ def stage_saved_bytes(cfg: RGCConfig, k: int, micro_batch: int | None = None) ->
 
 def activation_message_bytes(cfg: RGCConfig) -> int:
     """One forward message between workers: the activation (b, T, d) and the targets (int64)."""
-    n = cfg.micro_batch_size * cfg.context
-    return FLOAT * n * cfg.d_model + INDEX * n
+    n = cfg.micro_batch_size * cfg.model.context
+    return FLOAT * n * cfg.model.d_model + INDEX * n
 
 
 def gradient_message_bytes(cfg: RGCConfig, k: int) -> int:
     """One backward message from stage k to k-1 (H > 1): one (b, T, d) gradient per group of
     losses that continues below k (at most min(k, H - 1))."""
     groups = min(k, cfg.horizon - 1)
-    return FLOAT * cfg.micro_batch_size * cfg.context * cfg.d_model * groups
+    return FLOAT * cfg.micro_batch_size * cfg.model.context * cfg.model.d_model * groups
 
 
 def _adam_bytes(n_params: int, n_tensors: int) -> int:
@@ -193,7 +193,7 @@ def backprop_account(cfg: RGCConfig) -> dict[str, Any]:
     gradients and AdamW state, one micro-batch's graph of every block, the embedding and the
     readout, and the final state's clone."""
     full = model_parameters(cfg)
-    n_tensors = 12 * cfg.n_layers + 2 + 3
+    n_tensors = 12 * cfg.model.n_layers + 2 + 3
     kept = sum(stage_saved_bytes(cfg, k) for k in range(cfg.n_stages))
     b = {"parameters": FLOAT * full, "gradients": FLOAT * full,
          "optimizer_state": _adam_bytes(full, n_tensors), "activations_kept": kept,

@@ -104,7 +104,8 @@ def paper_ratio(records: AnalysisRecords) -> list[Measured]:
                  f"(its non-core factors would need {pred['needed_non_core']:.3f}, ours "
                  f"{pred['predicted'] / pred['core_ratio']:.3f})")
     cfg = r["config"]
-    scale = (f"benchmark (bench/bench_rgc.py): {cfg['n_layers']} layers x d={cfg['d_model']}, "
+    m = cfg["model"]
+    scale = (f"benchmark (bench/bench_rgc.py): {m['n_layers']} layers x d={m['d_model']}, "
              f"{cfg['n_stages']} stages on {len(r['placement'])} workers, "
              f"{r['machine'].get('usable_cores')} cores")
     return [Measured("", text, x, x > 1.0, scale, direction_only=x > 1.0 and not close)]

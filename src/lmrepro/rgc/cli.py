@@ -1,10 +1,11 @@
 """``lmrepro train-rgc``: one RGC (sync/async) or global-backprop run from the command line.
 
     lmrepro train-rgc --executor async --corpus-dir data/prepared/shakespeare \\
-        --corpus shakespeare --out results/rgc/rgc-async --n-layers 8 --n-stages 4 \\
-        --stages-per-worker 2 2 --threads-per-worker 1 1 --steps 300
+        --corpus shakespeare --out results/rgc/rgc-async --model-n-layers 8 --n-stages 4 \\
+        --stages-per-worker 2 2 --threads 1 1 --steps 300
 
-Every :class:`lmrepro.rgc.RGCConfig` field is an option (``--n-layers``, ``--horizon``, ...);
+Every :class:`lmrepro.rgc.RGCConfig` field is an option (``--model-n-layers``, ``--horizon``,
+...);
 ``--config-json`` gives them as one JSON object (options given explicitly override it).
 Data: ``--corpus-dir`` (a prepared corpus: its ``train`` and ``val`` splits) or ``--train-file``
 and ``--val-file`` (raw byte files). Prints the run's summary as JSON.

@@ -34,7 +34,7 @@ from lmrepro.rgc.roles import RGCMethod
 def build_model(cfg: RGCConfig, seed: int) -> ByteTransformer:
     """The model, initialised from ``seed`` (identical in every process and executor)."""
     torch.manual_seed(seed)
-    return ByteTransformer(cfg.model_shape())
+    return ByteTransformer(cfg.model)
 
 
 def make_adamw(model: ByteTransformer, params: Iterable[torch.nn.Parameter], cfg: RGCConfig
@@ -127,7 +127,8 @@ def evaluate(model: ByteTransformer, val: np.ndarray, cfg: RGCConfig) -> list[fl
     was = model.training
     model.eval()
     try:
-        return evaluate_losses(model, val, cfg.context, cfg.eval_batch_size, cfg.eval_batches)
+        return evaluate_losses(model, val, cfg.model.context, cfg.eval_batch_size,
+                               cfg.eval_batches)
     finally:
         model.train(was)
 
@@ -281,7 +282,7 @@ def harness(cfg: RGCConfig, spec: RunSpec, sampler: MemorySampler) -> Run:
     """The run's harness (:func:`cadence`, the identity of :func:`run_identity`)."""
     return Run(spec.out_dir, run_identity(cfg, spec.executor, spec.seed),
                Schedule(cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio), cadence(cfg),
-               cfg.batch_size * cfg.context, sampler=sampler)
+               cfg.batch_size * cfg.model.context, sampler=sampler)
 
 
 @dataclass
@@ -323,8 +324,8 @@ def finish(cfg: RGCConfig, spec: RunSpec, run: Run, model: ByteTransformer, val_
                                            else bits_per_byte(test_losses))
     # the peaks that do not depend on sampling (lmrepro.memory, "Exact peaks"), this invocation's
     fields["details"]["memory_exact"] = run.sampler.exact()
-    summary = run.finish(run.summary(fields), eval_losses, cfg.eval_batch_size, cfg.context,
-                         test_losses)
+    summary = run.finish(run.summary(fields), eval_losses, cfg.eval_batch_size,
+                         cfg.model.context, test_losses)
     return TrainResult(spec.executor, summary["tokens_per_s"], peak.rss, summary["final_bpb"],
                        eval_losses, summary, run.records, final_state, spec.out_dir)
 
@@ -363,6 +364,5 @@ def summary_fields(cfg: RGCConfig, spec: RunSpec, eval_losses: list[float], peak
 def run_config(cfg: RGCConfig) -> dict[str, Any]:
     """The summary's ``config`` in every trainer's layout: ``model`` (the model's shape) and
     ``settings`` (the rest of the RGC configuration)."""
-    model = cfg.model_shape().to_dict()
-    return {"model": model,
-            "settings": {k: v for k, v in cfg.to_dict().items() if k not in model}}
+    settings = cfg.to_dict()
+    return {"model": settings.pop("model"), "settings": settings}

@@ -1,10 +1,10 @@
 """Configuration of an RGC run (docs/papers.md ("RGC")).
 
-:class:`RGCConfig` (a :class:`lmrepro.evaluation.TrainingConfig`) holds the model shape, the
-stage cut, the horizon, the optimizer, the evaluation settings and the thread budget of every
-executor; :class:`RGCSuite`, the ``rgc:`` section of ``params.yaml``, adds the corpora and
-executors. Bad values raise :class:`lmrepro.errors.ConfigError` naming the key, the value and
-what is allowed.
+:class:`RGCConfig` (a :class:`lmrepro.evaluation.TrainingConfig`) holds the model (a
+:class:`lmrepro.model.ModelConfig`, ``rgc.model``), the stage cut, the horizon, the optimizer, the
+evaluation settings and the thread budget of every executor; :class:`RGCSuite`, the ``rgc:``
+section of ``params.yaml``, adds the corpora and executors. Bad values raise
+:class:`lmrepro.errors.ConfigError` naming the key, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -51,15 +51,14 @@ class RGCConfig(TrainingConfig):
     key: ClassVar[str] = "rgc"
     renamed: ClassVar[dict[str, str]] = {
         "threads_per_worker": "use threads (one count per async worker)",
-        "worker_timeout_s": "use timeout_s (the same seconds)"}
+        "worker_timeout_s": "use timeout_s (the same seconds)",
+        **{k: f"use model.{k} (the model is a ModelConfig, rgc.model)"
+           for k in ("n_layers", "d_model", "n_heads", "context", "mlp_ratio")}}
 
-    n_layers: int = Field(default=24, ge=1, description="transformer blocks L")
-    n_stages: int = Field(default=4, ge=1, description="stages K; must divide n_layers")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the model; n_layers L "
+                               "a multiple of n_stages, dropout 0, embeddings untied")
+    n_stages: int = Field(default=4, ge=1, description="stages K; must divide model.n_layers")
     horizon: int = Field(default=1, ge=1, description="stages a local loss reaches back")
-    d_model: int = Field(default=128, ge=8)
-    n_heads: int = Field(default=4, ge=1)
-    context: int = Field(default=128, ge=2)
-    mlp_ratio: int = Field(default=4, ge=1)
     micro_batches: int = Field(default=4, ge=1, description="must divide batch_size")
     stages_per_worker: list[int] | None = Field(
         default=None, description="async: consecutive stages of each worker process, summing "
@@ -86,10 +85,26 @@ class RGCConfig(TrainingConfig):
         return list(v) if isinstance(v, tuple) else v
 
     @model_validator(mode="after")
+    def _rgc_model(self) -> RGCConfig:
+        """RGC's model has untied embeddings (the decoder is a separate replica every stage reads
+        out through, so its weights cannot be the embedding's) and no dropout (deterministic
+        runs). Other values are refused rather than forced to these (as ``model_shape()`` once
+        did): a setting is never silently ignored, and ``rgc.model`` is the model that is built
+        and recorded."""
+        if self.model.tie_embeddings:
+            raise field_error("model.tie_embeddings", True, "must be false: RGC's decoder is a "
+                              "separate replica every stage reads out through")
+        if self.model.dropout > 0:
+            raise field_error("model.dropout", self.model.dropout, "must be 0.0: RGC runs are "
+                              "deterministic (every executor computes the same model)")
+        return self
+
+    @model_validator(mode="after")
     def _cross_field(self) -> RGCConfig:
-        if self.n_layers % self.n_stages:
+        n_layers = self.model.n_layers
+        if n_layers % self.n_stages:
             raise field_error("n_stages", self.n_stages,
-                              f"must divide n_layers = {self.n_layers} (each stage holds "
+                              f"must divide model.n_layers = {n_layers} (each stage holds "
                               "n_layers/n_stages blocks)")
         if self.horizon > self.n_stages:
             raise field_error("horizon", self.horizon,
@@ -118,8 +133,6 @@ class RGCConfig(TrainingConfig):
             if self.single_process_threads > self.cores:
                 raise field_error("backprop_threads", self.backprop_threads,
                                   f"must fit cores = {self.cores} (allowed: 1 .. {self.cores})")
-        if self.d_model % self.n_heads:
-            raise field_error("n_heads", self.n_heads, f"must divide d_model = {self.d_model}")
         if self.consensus_staleness >= self.steps:
             raise field_error("consensus_staleness", self.consensus_staleness,
                               f"must be < steps = {self.steps} (the decoder would never learn)")
@@ -132,15 +145,9 @@ class RGCConfig(TrainingConfig):
         return self
 
     # -- derived ---------------------------------------------------------------------------
-    def model_shape(self) -> ModelConfig:
-        """The :class:`ModelConfig`; untied embeddings so the decoder is a separate replica."""
-        return ModelConfig(n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads,
-                           context=self.context, mlp_ratio=self.mlp_ratio, dropout=0.0,
-                           tie_embeddings=False)
-
     @property
     def layers_per_stage(self) -> int:
-        return self.n_layers // self.n_stages
+        return self.model.n_layers // self.n_stages
 
     @property
     def n_workers(self) -> int:
@@ -206,17 +213,6 @@ class RGCConfig(TrainingConfig):
 
 # -- the training-length study (lmrepro.rgc.scaling) ------------------------------------------
 
-class RGCShape(Section):
-    """One model size of the study: the blocks, the width and the heads (the rest is the ``rgc``
-    section's)."""
-
-    key: ClassVar[str] = "rgc.scaling.sizes.*"
-
-    n_layers: int = Field(ge=1, description="transformer blocks L (a multiple of n_stages)")
-    d_model: int = Field(ge=8)
-    n_heads: int = Field(ge=1)
-
-
 class RGCStudyRun(Section):
     """One method of the study: an executor, its consensus staleness and its lr."""
 
@@ -235,7 +231,9 @@ class RGCScaling(Section):
     key: ClassVar[str] = "rgc.scaling"
     renamed: ClassVar[dict[str, str]] = {"threads_per_run": "use threads (the same count)"}
 
-    sizes: dict[str, RGCShape] = Field(min_length=1, description="model sizes by name")
+    sizes: dict[str, ModelConfig] = Field(min_length=1, description="model sizes by name, "
+                                          "each a run's whole model (n_layers a multiple of "
+                                          "n_stages)")
     lengths: dict[str, list[int]] = Field(description="training lengths (optimizer steps) per "
                                           "size, increasing")
     runs: list[RGCStudyRun] = Field(min_length=2, description="the methods (each at its lr)")
@@ -306,7 +304,7 @@ class RGCSuite(RGCConfig):
             for name, shape in self.scaling.sizes.items():
                 try:
                     RGCConfig(**{k: getattr(self, k) for k in RGCConfig.model_fields
-                                 if k not in ("backprop_threads",)} | shape.to_dict())
+                                 if k not in ("backprop_threads",)} | {"model": shape})
                 except ValueError as err:
                     raise field_error(f"scaling.sizes.{name}", shape.to_dict(),
                                       f"must make a valid model with n_stages = "

@@ -50,10 +50,10 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
         split = int(0.9 * len(text))
         train_data = text[:split] if train_data is None else train_data
         val_data = text[split:] if val_data is None else val_data
-    check_data("train_data", train_data, config.context)
-    check_data("val_data", val_data, config.context)
+    check_data("train_data", train_data, config.model.context)
+    check_data("val_data", val_data, config.model.context)
     if test_data is not None:
-        check_data("test_data", test_data, config.context)
+        check_data("test_data", test_data, config.model.context)
     check_threads(config, executor)
     spec = RunSpec(executor, seed, corpus, name, Path(out_dir) if out_dir is not None else None,
                    stop_after, test_data)

@@ -39,8 +39,9 @@ from typing import Any
 
 from lmrepro.data.stage import data_identity
 from lmrepro.io import atomic_write_json, read_json
+from lmrepro.model import ModelConfig
 from lmrepro.results import SUMMARY, prepare_runs_dir, read_summary, seed_dir
-from lmrepro.rgc.config import RGCConfig, RGCScaling, RGCShape, RGCStudyRun, RGCSuite
+from lmrepro.rgc.config import RGCConfig, RGCScaling, RGCStudyRun, RGCSuite
 from lmrepro.runlock import holds_writer_lock
 from lmrepro.sweep import beyond_edge, edge_row, on_edge, select_best
 
@@ -50,12 +51,12 @@ PLAN = "plan.json"
 SWEEP_JSON = "sweep.json"
 
 
-def run_config(base: RGCConfig, shape: RGCShape, run: RGCStudyRun, steps: int,
+def run_config(base: RGCConfig, shape: ModelConfig, run: RGCStudyRun, steps: int,
                warmup_fraction: float, threads: int) -> RGCConfig:
-    """The configuration of one study run: ``base`` at ``shape``, ``steps`` steps (lr warm-up a
-    fraction of them, a checkpoint every quarter), the run's lr and staleness, ``threads``
-    threads for the one-process executors."""
-    return RGCConfig(**{**base.to_dict(), **shape.to_dict(), "steps": steps,
+    """The configuration of one study run: ``base`` with the model ``shape`` (the size's whole
+    model), ``steps`` steps (lr warm-up a fraction of them, a checkpoint every quarter), the run's
+    lr and staleness, ``threads`` threads for the one-process executors."""
+    return RGCConfig(**{**base.to_dict(), "model": shape.to_dict(), "steps": steps,
                         "warmup_steps": round(warmup_fraction * steps),
                         "checkpoint_every": max(1, steps // 4), "eval_every": 0,
                         "lr": run.lr, "consensus_staleness": run.consensus_staleness,

@@ -30,7 +30,7 @@ def load(name: str, results: Path = RESULTS) -> dict[str, Any] | None:
 def step_s(r: dict[str, Any], run: str) -> float:
     """Seconds per step of a benchmark run, from its median tokens/s (the figure the
     benchmark's ratios use)."""
-    tokens_per_step = r["config"]["batch_size"] * r["config"]["context"]
+    tokens_per_step = r["config"]["batch_size"] * r["config"]["model"]["context"]
     return tokens_per_step / r["median"][run]["tokens_per_s"]
 
 

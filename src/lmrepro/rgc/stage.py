@@ -51,9 +51,9 @@ def run_suite(suite: RGCSuite, seeds: Sequence[int], prepared_dir: str | Path,
     splits = {c: load_splits(prepared_dir, c) for c in suite.corpora}
     tests = {c: load_split(Path(prepared_dir) / c, "test") for c in suite.corpora}
     for corpus, (train_data, val_data) in splits.items():   # every check before any move
-        check_data(f"{corpus} train split", np.asarray(train_data), suite.context)
-        check_data(f"{corpus} val split", np.asarray(val_data), suite.context)
-        check_data(f"{corpus} test split", np.asarray(tests[corpus]), suite.context)
+        check_data(f"{corpus} train split", np.asarray(train_data), suite.model.context)
+        check_data(f"{corpus} val split", np.asarray(val_data), suite.model.context)
+        check_data(f"{corpus} test split", np.asarray(tests[corpus]), suite.model.context)
     # seeds are not part of the identity: adding one keeps the other seeds' finished runs
     prepare_runs_dir(stage_dir / "runs", {
         "rgc": suite.to_dict(),

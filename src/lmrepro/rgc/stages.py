@@ -30,7 +30,7 @@ from lmrepro.model import ByteTransformer, lm_loss
 def stage_bounds(n_layers: int, n_stages: int) -> list[tuple[int, int]]:
     """Block index ranges ``[start, end)`` of each stage: K equal cuts of L blocks."""
     check(n_stages >= 1 and n_layers % n_stages == 0, "rgc.n_stages", n_stages,
-          f"must be >= 1 and divide rgc.n_layers = {n_layers}")
+          f"must be >= 1 and divide rgc.model.n_layers = {n_layers}")
     per = n_layers // n_stages
     return [(k * per, (k + 1) * per) for k in range(n_stages)]
 

@@ -37,7 +37,7 @@ def make_optimizers(model: ByteTransformer, cfg: RGCConfig, executor: str
     decoder (fed the consensus gradient). Backprop: one AdamW over every parameter (``all``)."""
     if executor == "backprop":
         return {"all": make_adamw(model, model.parameters(), cfg)}
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     opts: dict[str, torch.optim.Optimizer] = {
         f"stage{k}": make_adamw(model, stage_parameters(model, bounds, k), cfg)
         for k in range(cfg.n_stages)}
@@ -63,7 +63,7 @@ def _run(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.nda
     opts = make_optimizers(model, cfg, spec.executor)
     gen = batch_generator(spec.seed)
     consensus = ConsensusQueue(decoder_parameters(model), cfg.consensus_staleness)
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     delay = StageGradientDelay([stage_parameters(model, bounds, k) for k in range(cfg.n_stages)],
                                cfg.stage_gradient_delays if spec.executor == "sync"
                                else [0] * cfg.n_stages)
@@ -97,7 +97,7 @@ def _step_fn(cfg: RGCConfig, executor: str, model: ByteTransformer,
     consensus gradient, ``consensus_staleness`` steps late (0: now), and a stage whose async
     worker runs ahead its gradient ``stage_gradient_delays[k]`` steps late, as the async
     executor does. Logs every stage's loss; ``loss`` is the last stage's."""
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     dec = consensus.params
     scale = 1.0 / cfg.micro_batches
 
@@ -105,7 +105,7 @@ def _step_fn(cfg: RGCConfig, executor: str, model: ByteTransformer,
         set_lr(opts.values(), lr)
         for opt in opts.values():
             opt.zero_grad(set_to_none=True)
-        x, y = sample_batch(train_data, cfg.batch_size, cfg.context, gen)
+        x, y = sample_batch(train_data, cfg.batch_size, cfg.model.context, gen)
         per_micro: list[list[float]] = []
         for xm, ym in micro_batches(x, y, cfg.micro_batches):
             if executor == "backprop":

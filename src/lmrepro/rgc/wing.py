@@ -40,7 +40,9 @@ def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
     rgc = params.get("rgc") or {}
     if not rgc:
         return None
-    suite = (f"RGC suite: {rgc.get('n_layers')} layers x d={rgc.get('d_model')} in "
+    # rgc.model; the flat keys of parameters resolved before the model was a ModelConfig
+    model = rgc.get("model") or rgc
+    suite = (f"RGC suite: {model.get('n_layers')} layers x d={model.get('d_model')} in "
              f"{rgc.get('n_stages')} stages{parameter_count(n_params, 'rgc')}, "
              f"{rgc.get('steps')} steps, executors {', '.join(rgc.get('executors') or [])}, on "
              f"{', '.join(rgc.get('corpora') or [])}")

@@ -171,7 +171,7 @@ class StageWorker:
         cfg, q, last = self.cfg, self.a.queues, self.last
         if self.first == 0:
             assert self.train_data is not None and self.gen is not None
-            x, y = sample_batch(self.train_data, cfg.batch_size, cfg.context, self.gen)
+            x, y = sample_batch(self.train_data, cfg.batch_size, cfg.model.context, self.gen)
             micro = micro_batches(x, y, cfg.micro_batches)
         losses = []
         for m in range(cfg.micro_batches):

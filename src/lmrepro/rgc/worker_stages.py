@@ -31,7 +31,7 @@ from lmrepro.rgc.stages import (merge_gradients, readout_backward, run_stage, st
 
 def worker_state_names(model: ByteTransformer, cfg: RGCConfig, stages: list[int]) -> list[str]:
     """The ``state_dict`` names a worker holds: its stages' parameters and the decoder's."""
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     return [n for k in stages for n in stage_parameter_names(model, bounds, k)] + \
         [f"decoder.{n}" for n, _ in model.decoder.named_parameters()]
 
@@ -43,10 +43,10 @@ def own_stages_model(cfg: RGCConfig, stages: list[int], state: Mapping[str, torc
     ``nn.Identity``), their values from ``state`` (the parent's model, built from the seed, or
     a checkpoint's). Built on the meta device, so the other stages are never allocated."""
     with torch.device("meta"):
-        model = ByteTransformer(cfg.model_shape())
-    bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+        model = ByteTransformer(cfg.model)
+    bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     mine = {i for k in stages for i in range(*bounds[k])}
-    for i in range(cfg.n_layers):
+    for i in range(cfg.model.n_layers):
         if i not in mine:
             model.blocks[i] = nn.Identity()
     if 0 not in stages:
@@ -89,7 +89,7 @@ class WorkerStages:
 
     def __init__(self, model: ByteTransformer, cfg: RGCConfig, stages: list[int]) -> None:
         self.model, self.cfg, self.stages = model, cfg, list(stages)
-        self.bounds = stage_bounds(cfg.n_layers, cfg.n_stages)
+        self.bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
         self.params = {k: stage_parameters(model, self.bounds, k) for k in self.stages}
         self.scale = 1.0 / cfg.micro_batches
         self.current_stage = self.stages[0]
