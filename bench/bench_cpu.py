@@ -6,7 +6,7 @@ In one run, on this machine:
    the model's own forward shapes (``tokens = batch x context`` rows) and large square ones; the
    peak FLOP/s is the best of them;
 2. **variants**: the training step of the default model (params.yaml top level: 4 layers,
-   d = 128, context 128, batch 16), i.e. :func:`lmrepro.baseline.trainer.train_step` on batches from
+   d = 128, context 128, batch 16), i.e. :func:`lmrepro.backprop.backprop_step` on batches from
    :func:`lmrepro.data.batches.sample_batch`, under candidate fixes measured side by side in
    interleaved rounds (every variant once per round, so drifting load hits all alike):
    torch's CPU default AdamW (per-tensor loop) vs ``foreach`` vs ``fused``, 1 vs 2 threads,
@@ -148,7 +148,7 @@ class Variant:
 
 class StepRunner:
     """A model, its optimizer and batch generator under one :class:`Variant`; ``run(n)`` times
-    ``n`` steps of :func:`lmrepro.baseline.trainer.train_step` with a per-phase breakdown."""
+    ``n`` steps of :func:`lmrepro.backprop.backprop_step` with a per-phase breakdown."""
 
     def __init__(self, v: Variant, cfg: Any, s: Any, data: np.ndarray) -> None:
         from lmrepro.baseline.trainer import compiled_forward, make_optimizer
@@ -174,13 +174,14 @@ class StepRunner:
 
     def warm(self, n: int) -> None:
         """Untimed steps (the first ones compile under ``torch.compile``; that time is kept)."""
-        from lmrepro.baseline.trainer import train_step
+        from lmrepro.backprop import backprop_step
 
         torch.set_num_threads(self.v.threads)
         t0 = time.perf_counter()
         for _ in range(n):
             x, y = self._batch()
-            train_step(self.forward, self.model, self.opt, x, y, self.s.max_grad_norm)
+            backprop_step(self.forward, self.model, self.opt, x, y,
+                          max_grad_norm=self.s.max_grad_norm)
         self.compile_s = time.perf_counter() - t0
 
     def run(self, n: int) -> None:
@@ -198,14 +199,15 @@ class StepRunner:
             self._run(n)
 
     def _run(self, n: int) -> None:
-        from lmrepro.baseline.trainer import train_step
+        from lmrepro.backprop import backprop_step
         from lmrepro.model import lm_loss
 
         torch.set_num_threads(self.v.threads)
         for _ in range(n):
             t0 = time.perf_counter()
             x, y = self._batch()
-            train_step(self.forward, self.model, self.opt, x, y, self.s.max_grad_norm)
+            backprop_step(self.forward, self.model, self.opt, x, y,
+                          max_grad_norm=self.s.max_grad_norm)
             self.step_times.append(time.perf_counter() - t0)
         for _ in range(max(1, n // 2)):
             t0 = time.perf_counter()

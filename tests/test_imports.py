@@ -29,7 +29,7 @@ WINGS = ("lmrepro.baseline", "lmrepro.scape", "lmrepro.rgc")
 #: the shared parts below the wings (``lmrepro.wings`` and ``lmrepro.cli`` compose them)
 SHARED = ("lmrepro.pipeline", "lmrepro.results", "lmrepro.data", "lmrepro.model",
           "lmrepro.optim", "lmrepro.stats", "lmrepro.evaluation", "lmrepro.config",
-          "lmrepro.paramfile")
+          "lmrepro.paramfile", "lmrepro.harness", "lmrepro.backprop")
 
 
 def module_name(path: Path) -> str:

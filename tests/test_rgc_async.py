@@ -111,7 +111,7 @@ def reference_sum_of_local_losses(c: RGCConfig, delays: list[int] | None = None,
     k applies at step t the gradient computed at step t - delays[k] (none before); the decoder
     its gradient ``staleness`` steps late (running ahead, docs/rgc.md)."""
     model = build_model(c, 0)
-    opts = make_optimizers(model, c, "sync")
+    opts = make_optimizers(model, c)
     gen = batch_generator(0)
     ends = [(k + 1) * c.layers_per_stage - 1 for k in range(c.n_stages)]
     names = [n for n, _ in model.named_parameters()]

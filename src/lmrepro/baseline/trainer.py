@@ -1,17 +1,19 @@
-"""Single-process training with global backprop: the baseline every method is compared with.
+"""The single-process global-backprop baseline every method is compared with: its setup and
+summary around the shared trainer (:func:`lmrepro.backprop.train_backprop`).
 
-AdamW (decoupled weight decay, Loshchilov & Hutter 2019), linear warm-up then cosine decay, global
-gradient-norm clipping, periodic evaluation in bits per byte on the fixed evaluation batches, and
+AdamW (decoupled weight decay, Loshchilov & Hutter 2019) in torch's ``optimizer_impl`` kernels,
+linear warm-up then cosine decay, global gradient-norm clipping, one batch per step (no
+micro-batches), periodic evaluation in bits per byte on the fixed evaluation batches, and
 per-batch evaluation losses of the final model saved for the paired statistics.
 
-Resumable: every ``checkpoint_every`` steps the model, the optimizer, the batch generator's state
-and the step are written atomically to ``out_dir/checkpoints/`` (:mod:`lmrepro.results`). A run
-started again with the same arguments continues from there; ``metrics.jsonl`` is cut back to the
-checkpointed step, so a run killed at any point and resumed ends with the same parameters and
-metrics, bit for bit on CPU, as one that was never interrupted. A run killed after its last
-checkpoint resumes with nothing left to train and still writes a complete summary: its throughput
-from the training time and its peak memory from the checkpoint. One writer per run directory
-(:func:`lmrepro.runlock.writer_lock`).
+Resumable: every ``checkpoint_every`` steps and after the last, the model, the optimizer, the
+batch generator's state and the step are written atomically to ``out_dir/checkpoints/``
+(:mod:`lmrepro.results`). A run started again with the same arguments continues from there;
+``metrics.jsonl`` is cut back to the checkpointed step, so a run killed at any point and resumed
+ends with the same parameters and metrics, bit for bit on CPU, as one that was never
+interrupted. A run killed after its last checkpoint resumes with nothing left to train and still
+writes a complete summary: its throughput from the training time and its peak memory from the
+checkpoint. One writer per run directory (:func:`lmrepro.runlock.writer_lock`).
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ from typing import cast
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from lmrepro.backprop import BackpropSpec, train_backprop
 from lmrepro.baseline.config import BaselineConfig
 from lmrepro.baseline.roles import BaselineMethod
-from lmrepro.data.batches import check_context, sample_batch
+from lmrepro.data.batches import check_context
 from lmrepro.evaluation import bits_per_byte, evaluate_losses
 from lmrepro.harness import Cadence, Run, Schedule
 from lmrepro.memory import memory_fields
-from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
+from lmrepro.model import ByteTransformer, ModelConfig
 from lmrepro.optim import weight_decay_groups
 
 log = logging.getLogger(__name__)
@@ -56,19 +58,6 @@ def compiled_forward(model: torch.nn.Module, s: BaselineConfig) -> torch.nn.Modu
     return cast(torch.nn.Module, torch.compile(model)) if s.compile else model
 
 
-def train_step(forward: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Optimizer,
-               x: torch.Tensor, y: torch.Tensor, max_grad_norm: float) -> float:
-    """One optimisation step of global backprop; returns the loss (nats). ``forward`` is the
-    (possibly compiled) module, ``model`` the plain one whose parameters are clipped."""
-    loss = lm_loss(forward(x), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    opt.step()
-    return loss.item()
-
-
 def run_identity(model_cfg: ModelConfig, settings: BaselineConfig, seed: int, name: str,
                  corpus: str, n_train: int, n_val: int) -> dict:
     """What a checkpoint must share with the run that resumes it."""
@@ -79,36 +68,18 @@ def run_identity(model_cfg: ModelConfig, settings: BaselineConfig, seed: int, na
 def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: np.ndarray,
                  val_data: np.ndarray, out_dir: str | Path, *, seed: int = 0, corpus: str = "",
                  name: str = "backprop", progress: bool = True) -> dict:
-    """Train one model with global backprop; write the run directory; return its summary."""
+    """Train one model with global backprop (:func:`lmrepro.backprop.train_backprop`); write the
+    run directory; return its summary."""
     check_context(len(train_data), model_cfg.context, "model.context")
     check_context(len(val_data), model_cfg.context, "model.context")
-    torch.set_num_threads(settings.threads)
+    s = settings
     torch.manual_seed(seed)
     model = ByteTransformer(model_cfg)
-    opt = make_optimizer(model, settings)
-    forward = compiled_forward(model, settings)
-    gen = torch.Generator().manual_seed(seed)
-    s = settings
     run = Run(out_dir, run_identity(model_cfg, s, seed, name, corpus, len(train_data),
                                     len(val_data)),
               Schedule(s.steps, s.warmup_steps, s.lr, s.min_lr_ratio),
               Cadence(s.steps, s.checkpoint_every, checkpoint_last=True, eval_every=s.eval_every,
                       log_every=s.log_every), s.batch_size * model_cfg.context)
-
-    def restore(ckpt: dict) -> None:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        gen.set_state(ckpt["generator"])
-
-    def step(i: int, lr: float) -> dict[str, float]:
-        """The step: the lr, a batch, forward, backward, clip, update."""
-        for group in opt.param_groups:
-            group["lr"] = lr
-        x, y = sample_batch(train_data, s.batch_size, model_cfg.context, gen)
-        loss = train_step(forward, model, opt, x, y, s.max_grad_norm)
-        bar.update()
-        bar.set_postfix(loss=f"{loss:.3f}")
-        return {"loss": loss}
 
     def evaluate() -> list[float]:
         model.eval()
@@ -117,18 +88,8 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
         model.train()
         return losses
 
-    with run:
-        start = run.resume(restore)
-        if start:
-            log.info("resuming %s from step %d (%s)", name, start, out_dir)
-        log.info("training %s: %d params, %d steps -> %s", name, model.num_parameters(),
-                 s.steps, out_dir)
-        bar = tqdm(initial=start, total=s.steps, desc=f"train {name}", disable=not progress)
-        model.train()
-        run.train(step, lambda: {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                 "generator": gen.get_state()},
-                  lambda: bits_per_byte(evaluate()))
-        bar.close()
+    def finish(run: Run, end: int) -> dict:
+        """The final evaluation, its record and the baseline's summary."""
         losses = evaluate()
         model.eval()
         final_bpb = bits_per_byte(losses)
@@ -141,6 +102,15 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
             "executor": "backprop",
             "config": {"model": model_cfg.to_dict(), "settings": s.to_dict()}}),
             losses, s.eval_batch_size, model_cfg.context)
-    log.info("%s done: final %.4f bits/byte, %.0f tokens/s -> %s", name, final_bpb,
-             summary["tokens_per_s"], out_dir)
-    return summary
+        log.info("%s done: final %.4f bits/byte, %.0f tokens/s -> %s", name, final_bpb,
+                 summary["tokens_per_s"], out_dir)
+        return summary
+
+    # the baseline's choices: its AdamW kernels, the batch generator seeded with the run's seed,
+    # one batch per step, clipping, optional torch.compile
+    return train_backprop(run, BackpropSpec(
+        model=model, optimizer=make_optimizer(model, s),
+        generator=torch.Generator().manual_seed(seed), data=train_data,
+        batch_size=s.batch_size, context=model_cfg.context, evaluate=evaluate, finish=finish,
+        max_grad_norm=s.max_grad_norm, forward=compiled_forward(model, s), threads=s.threads,
+        progress=f"train {name}" if progress else None))

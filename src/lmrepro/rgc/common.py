@@ -1,8 +1,9 @@
 """Pieces shared by the three executors: model and optimizers, data, checkpoints, run records.
 
-Checkpoints use the package's one format (:mod:`lmrepro.results`); their state is the same for
-every executor: a full ``ByteTransformer`` state dict, the optimizer states by name, the batch
-generator's state.
+Checkpoints use the package's one format (:mod:`lmrepro.results`) and the single-model state
+layout of :func:`lmrepro.backprop.checkpoint_state` (a full ``ByteTransformer`` state dict, the
+optimizer states by name, the batch generator's state); the RGC executors add their pending
+gradients (:func:`checkpoint_state`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmrepro import backprop
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
 from lmrepro.harness import Cadence, Run, Schedule
@@ -150,14 +152,16 @@ def run_identity(cfg: RGCConfig, executor: str, seed: int) -> dict:
 def checkpoint_state(model_state: dict[str, torch.Tensor], optim_states: dict[str, dict],
                      gen_state: torch.Tensor, pending_consensus: list[torch.Tensor],
                      in_flight: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One checkpoint's state, the same for every executor: weights, optimizer states by name
-    (``stage<k>``, ``decoder`` or ``all``), the batch generator, the consensus gradients not
-    yet applied (``consensus_staleness`` > 0) and, for a run whose workers run ahead
+    """One checkpoint's state, the same for both RGC executors: the package's single-model layout
+    (:func:`lmrepro.backprop.checkpoint_state`: weights, optimizer states by name ``stage<k>``
+    and ``decoder``, the batch generator) with the consensus gradients not yet applied
+    (``consensus_staleness`` > 0) and, for a run whose workers run ahead
     (:attr:`RGCConfig.runs_ahead`), the stage gradients still in flight: the sync executor's
     delayed gradients (``stage_grads``), the async workers' kept steps and unread messages
     (``workers``, by worker)."""
-    return {"model": model_state, "optims": optim_states, "gen_state": gen_state,
-            "pending_consensus": list(pending_consensus), "in_flight": in_flight or {}}
+    return backprop.checkpoint_state(model_state, optim_states, gen_state,
+                                     pending_consensus=list(pending_consensus),
+                                     in_flight=in_flight or {})
 
 
 def state_to_bytes(obj: Any) -> bytes:

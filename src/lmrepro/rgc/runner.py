@@ -60,5 +60,8 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
     if executor == "async":
         from lmrepro.rgc.async_ import train_async
         return train_async(config, spec, train_data, val_data)
+    if executor == "backprop":
+        from lmrepro.rgc.backprop_executor import train_backprop_executor
+        return train_backprop_executor(config, spec, train_data, val_data)
     from lmrepro.rgc.sync import train_single_process
     return train_single_process(config, spec, train_data, val_data)

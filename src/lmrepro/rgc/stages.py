@@ -231,11 +231,3 @@ def stage_backward(k: int, h: torch.Tensor, inp: torch.Tensor | None,
     for i, (e, g) in enumerate(cont.items()):
         sent[e] = torch.autograd.grad(h, inp, g, retain_graph=i < len(cont) - 1)[0]
     return sent
-
-
-def accumulate_backprop_grads(model: ByteTransformer, x: torch.Tensor, y: torch.Tensor,
-                              scale: float = 1.0) -> float:
-    """Global backprop baseline on a micro-batch: the model's own final-readout loss."""
-    loss = lm_loss(model(x), y)
-    (loss * scale).backward()
-    return float(loss.detach())

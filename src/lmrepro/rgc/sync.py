@@ -1,11 +1,14 @@
-"""Single-process executors: synchronous RGC (stages in turn) and, sharing the loop, global
-backprop (docs/rgc.md).
+"""The ``sync`` executor: synchronous RGC, the stages in turn in one process (docs/rgc.md).
 
-Both run in this process with ``config.single_process_threads`` intra-op threads (the same total
-core budget as the async executor), sample each step's batch from the seeded generator, split it
-into micro-batches, accumulate gradients (each micro-batch loss scaled by ``1/micro_batches``) and
-take one optimizer step per step (:func:`_step_fn`). The run around the step (resume, schedule,
-checkpoints, evaluation, records) is the harness's (:mod:`lmrepro.harness`). Checkpoints hold
+It runs with ``config.single_process_threads`` intra-op threads (the same total core budget as
+the async executor), samples each step's batch from the seeded generator, splits it into
+micro-batches, accumulates every stage's local gradients (each micro-batch loss scaled by
+``1/micro_batches``) and takes one step of each stage's optimizer (:func:`_step_fn`). Global
+backprop, RGC's comparison, is the package's one global-backprop trainer
+(:mod:`lmrepro.rgc.backprop_executor`).
+
+The run around the step (resume, schedule, checkpoints, evaluation, records) is the harness's
+(:mod:`lmrepro.harness`). Checkpoints hold
 everything the next step depends on (weights, AdamW states, generator state, pending consensus
 gradients), so a resumed run is bit-identical to an uninterrupted one on CPU.
 """
@@ -17,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmrepro.backprop import restore_state
 from lmrepro.data.batches import sample_batch
 from lmrepro.evaluation import bits_per_byte
 from lmrepro.harness import StepFn
@@ -27,16 +31,14 @@ from lmrepro.rgc.common import (ConsensusQueue, RunSpec, StageGradientDelay, Tra
                                 batch_generator, build_model, checkpoint_state, evaluate, finish,
                                 harness, make_adamw, micro_batches, set_lr)
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.stages import (accumulate_backprop_grads, accumulate_rgc_grads, decoder_parameters,
-                                stage_bounds, stage_parameters)
+from lmrepro.rgc.stages import (accumulate_rgc_grads, decoder_parameters, stage_bounds,
+                                stage_parameters)
 
 
-def make_optimizers(model: ByteTransformer, cfg: RGCConfig, executor: str
+def make_optimizers(model: ByteTransformer, cfg: RGCConfig
                     ) -> dict[str, torch.optim.Optimizer]:
-    """RGC: one AdamW per stage (``stage0`` .. , stage 0 with the embedding) and one for the
-    decoder (fed the consensus gradient). Backprop: one AdamW over every parameter (``all``)."""
-    if executor == "backprop":
-        return {"all": make_adamw(model, model.parameters(), cfg)}
+    """One AdamW per stage (``stage0`` .. , stage 0 with the embedding) and one for the decoder
+    (fed the consensus gradient)."""
     bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     opts: dict[str, torch.optim.Optimizer] = {
         f"stage{k}": make_adamw(model, stage_parameters(model, bounds, k), cfg)
@@ -47,7 +49,7 @@ def make_optimizers(model: ByteTransformer, cfg: RGCConfig, executor: str
 
 def train_single_process(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray,
                          val_data: np.ndarray) -> TrainResult:
-    """Run the ``sync`` or ``backprop`` executor; see :func:`lmrepro.rgc.train`."""
+    """Run the ``sync`` executor; see :func:`lmrepro.rgc.train`."""
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.single_process_threads)
     try:
@@ -60,19 +62,15 @@ def _run(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.nda
          ) -> TrainResult:
     model = build_model(cfg, spec.seed)
     model.train()
-    opts = make_optimizers(model, cfg, spec.executor)
+    opts = make_optimizers(model, cfg)
     gen = batch_generator(spec.seed)
     consensus = ConsensusQueue(decoder_parameters(model), cfg.consensus_staleness)
     bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     delay = StageGradientDelay([stage_parameters(model, bounds, k) for k in range(cfg.n_stages)],
-                               cfg.stage_gradient_delays if spec.executor == "sync"
-                               else [0] * cfg.n_stages)
+                               cfg.stage_gradient_delays)
 
     def restore(ck: dict[str, Any]) -> None:
-        model.load_state_dict(ck["model"])
-        for key, opt in opts.items():
-            opt.load_state_dict(ck["optims"][key])
-        gen.set_state(ck["gen_state"])
+        restore_state(ck, model, opts, gen)
         consensus.restore(ck.get("pending_consensus", []))
         delay.restore(ck.get("in_flight", {}).get("stage_grads", {}))
 
@@ -83,20 +81,20 @@ def _run(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.nda
 
     with harness(cfg, spec, MemorySampler()) as run:
         end = spec.end(cfg, run.resume(restore))
-        step = _step_fn(cfg, spec.executor, model, opts, consensus, delay, gen, train_data)
+        step = _step_fn(cfg, model, opts, consensus, delay, gen, train_data)
         run.train(step, state,
                   lambda: bits_per_byte(evaluate(model, val_data, cfg)), end)
         return finish(cfg, spec, run, model, val_data, end)
 
 
-def _step_fn(cfg: RGCConfig, executor: str, model: ByteTransformer,
+def _step_fn(cfg: RGCConfig, model: ByteTransformer,
              opts: dict[str, torch.optim.Optimizer], consensus: ConsensusQueue,
              delay: StageGradientDelay, gen: torch.Generator, train_data: np.ndarray) -> StepFn:
-    """One step: the batch in micro-batches, their gradients accumulated (global backprop, or
-    each stage's local losses within the horizon), then the updates; RGC's decoder takes the
-    consensus gradient, ``consensus_staleness`` steps late (0: now), and a stage whose async
-    worker runs ahead its gradient ``stage_gradient_delays[k]`` steps late, as the async
-    executor does. Logs every stage's loss; ``loss`` is the last stage's."""
+    """One step: the batch in micro-batches, their gradients accumulated (each stage's local
+    losses within the horizon), then the updates; the decoder takes the consensus gradient,
+    ``consensus_staleness`` steps late (0: now), and a stage whose async worker runs ahead its
+    gradient ``stage_gradient_delays[k]`` steps late, as the async executor does. Logs every
+    stage's loss; ``loss`` is the last stage's."""
     bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     dec = consensus.params
     scale = 1.0 / cfg.micro_batches
@@ -108,19 +106,13 @@ def _step_fn(cfg: RGCConfig, executor: str, model: ByteTransformer,
         x, y = sample_batch(train_data, cfg.batch_size, cfg.model.context, gen)
         per_micro: list[list[float]] = []
         for xm, ym in micro_batches(x, y, cfg.micro_batches):
-            if executor == "backprop":
-                per_micro.append([accumulate_backprop_grads(model, xm, ym, scale)])
-            else:
-                per_micro.append(accumulate_rgc_grads(model, bounds, xm, ym, cfg.horizon, scale))
-        if executor == "backprop":
-            opts["all"].step()
-        else:
-            consensus.push(grads_to_flat(dec, torch.empty(sum(p.numel() for p in dec))))
-            delay.shift()
-            for k in range(cfg.n_stages):
-                opts[f"stage{k}"].step()
-            if consensus.pop_into_grads():
-                opts["decoder"].step()
+            per_micro.append(accumulate_rgc_grads(model, bounds, xm, ym, cfg.horizon, scale))
+        consensus.push(grads_to_flat(dec, torch.empty(sum(p.numel() for p in dec))))
+        delay.shift()
+        for k in range(cfg.n_stages):
+            opts[f"stage{k}"].step()
+        if consensus.pop_into_grads():
+            opts["decoder"].step()
         stage_losses = [float(v) for v in np.mean(np.array(per_micro), axis=0)]
         return {"loss": stage_losses[-1], "stage_losses": stage_losses}
 

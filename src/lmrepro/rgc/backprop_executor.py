@@ -1,0 +1,41 @@
+"""The ``backprop`` executor: RGC's comparison, global backprop through the package's one
+global-backprop trainer (:func:`lmrepro.backprop.train_backprop`).
+
+What it shares with the RGC executors, so the comparison differs only in the training rule: the
+model and its initialisation (:func:`~lmrepro.rgc.common.build_model`), the batches (the seeded
+:func:`~lmrepro.rgc.common.batch_generator`, ``micro_batches`` parts per step), the AdamW
+settings (:func:`~lmrepro.rgc.common.make_adamw`, here one over every parameter), the
+single-process thread budget (``config.single_process_threads``), the evaluation, the run's
+identity and cadences (:func:`~lmrepro.rgc.common.harness`) and the summary
+(:func:`~lmrepro.rgc.common.finish`). No clipping, as in the RGC executors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lmrepro.backprop import BackpropSpec, train_backprop
+from lmrepro.memory import MemorySampler
+from lmrepro.rgc.common import (RunSpec, TrainResult, batch_generator, build_model, evaluate,
+                                finish, harness, make_adamw)
+from lmrepro.rgc.config import RGCConfig
+
+
+def train_backprop_executor(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray,
+                            val_data: np.ndarray) -> TrainResult:
+    """Run the ``backprop`` executor; see :func:`lmrepro.rgc.train`."""
+    model = build_model(cfg, spec.seed)
+
+    def record(loss: float) -> dict[str, Any]:
+        # the RGC executors' record: one local loss per stage; global backprop has one readout
+        return {"loss": loss, "stage_losses": [loss]}
+
+    return train_backprop(harness(cfg, spec, MemorySampler()), BackpropSpec(
+        model=model, optimizer=make_adamw(model, model.parameters(), cfg),
+        generator=batch_generator(spec.seed), data=train_data, batch_size=cfg.batch_size,
+        context=cfg.model.context, evaluate=lambda: evaluate(model, val_data, cfg),
+        finish=lambda run, end: finish(cfg, spec, run, model, val_data, end),
+        micro_batches=cfg.micro_batches, threads=cfg.single_process_threads, record=record,
+        stop_after=spec.stop_after))
