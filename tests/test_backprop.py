@@ -123,9 +123,9 @@ def test_both_global_backprop_callers_go_through_it(counted_steps: list[int], tm
     ck = load_checkpoint(tmp_path / "b", latest_checkpoint(tmp_path / "b")["identity"])
     assert set(ck["optims"]) == {ALL}            # the shared layout
     counted_steps.clear()
-    rgc = RGCConfig(n_layers=2, n_stages=2, horizon=1, d_model=16, n_heads=2, context=16,
-                    steps=3, batch_size=4, micro_batches=2, warmup_steps=1, lr=3e-3,
-                    eval_batch_size=4, eval_batches=2, threads_per_worker=(1, 1),
+    rgc = RGCConfig(model=ModelConfig(n_layers=2, d_model=16, n_heads=2, context=16),
+                    n_stages=2, horizon=1, steps=3, batch_size=4, micro_batches=2,
+                    warmup_steps=1, lr=3e-3, eval_batch_size=4, eval_batches=2, threads=(1, 1),
                     backprop_threads=1)
     r = train(rgc, "backprop", text_bytes[:50000], text_bytes[50000:])
     assert counted_steps == [2, 2, 2]
