@@ -664,3 +664,13 @@ def test_an_rgc_label_shows_its_horizon_and_staleness(tmp_path: Path) -> None:
     assert A.config_label(A.load_run("x", stale)) == "rgc-async H=1 s=1"
     assert A.config_label(A.load_run("x", older)) == "rgc-async"
     assert A.config_label(A.load_run("x", bp)) == "backprop"
+
+
+def test_records_written_before_sparsity_was_the_one_name_read_in_it() -> None:
+    """Published runs' records hold ``mean_density`` (the fraction sent): read as sparsity."""
+    from lmrepro.results import RunDetails, sparsity_from_density
+
+    d = RunDetails.model_validate({"mean_density": 0.25, "final_test_bpb": 3.0})
+    assert d.mean_sparsity == 0.75 and "mean_density" not in d.model_dump()
+    assert RunDetails.model_validate({"mean_density": None}).mean_sparsity is None
+    assert sparsity_from_density({"mean_sparsity": 0.9}) == {"mean_sparsity": 0.9}

@@ -13,13 +13,11 @@ A run directory holds:
 * ``summary.json``: a :class:`RunSummary` (the same keys for every trainer);
 * ``checkpoints/``: ``step_XXXXXXX/rank<r>.pt`` per rank and ``latest.json`` naming the last
   complete one (:func:`save_checkpoint`, :func:`publish_checkpoint`, :func:`load_checkpoint`);
-* ``.writer.lock``: the lock of the one process writing the directory
-  (:func:`lmrepro.runlock.writer_lock`).
+* ``.writer.lock``: the lock of the one process writing it (:func:`lmrepro.runlock.writer_lock`).
 
 Every file is written atomically (:mod:`lmrepro.io`), by one writer per run directory
-(:mod:`lmrepro.runlock`). A damaged checkpoint
-raises :class:`CheckpointError` naming the file and how to start over (move the run directory
-aside; nothing here deletes a run).
+(:mod:`lmrepro.runlock`). A damaged checkpoint raises :class:`CheckpointError` naming the file
+and how to start over (move the run directory aside; nothing here deletes a run).
 """
 
 from __future__ import annotations
@@ -64,6 +62,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def sparsity_from_density(data: Any) -> Any:
+    """Older records' ``mean_density`` d (the fraction sent) read as ``mean_sparsity`` 1 - d."""
+    if isinstance(data, Mapping) and "mean_density" in data:
+        d = data["mean_density"]
+        data = {k: v for k, v in data.items() if k != "mean_density"}
+        data.setdefault("mean_sparsity", None if d is None else 1.0 - d)
+    return data
+
+
 class RunDetails(BaseModel):
     """A run's trainer-specific facts (``RunSummary.details``). Each wing declares a subclass
     with the facts its trainers record and registers it for its methods
@@ -76,6 +83,11 @@ class RunDetails(BaseModel):
     final_test_bpb: float | None = None   # the final model on the test split (where scored)
     mean_sparsity: float | None = None    # fraction of coordinates not sent, over the sparse steps
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older(cls, data: Any) -> Any:
+        return sparsity_from_density(data)
+
     @classmethod
     def of(cls, summary: RunSummary | Mapping[str, Any]) -> Self:
         """``summary``'s details read as this class: a :class:`RunSummary` (whatever class its
@@ -87,8 +99,7 @@ class RunDetails(BaseModel):
                                   if isinstance(d, RunDetails) else d)
 
 
-#: method -> its details class (filled by the wings)
-DETAILS_MODELS: dict[str, type[RunDetails]] = {}
+DETAILS_MODELS: dict[str, type[RunDetails]] = {}   # method -> its details class (the wings')
 
 
 def register_details(methods: Iterable[str], model: type[RunDetails]) -> None:
@@ -258,9 +269,8 @@ def truncate_metrics(run_dir: str | Path, step: int) -> list[dict]:
 def mean_bytes(records: list[dict]) -> dict[str, float] | None:
     """Mean ``bytes_<kind>`` of the metrics records that carry them, by kind (None if none)."""
     rows = [r for r in records if "bytes_total" in r]
-    if not rows:
-        return None
-    return {k: float(sum(r[f"bytes_{k}"] for r in rows) / len(rows)) for k in BYTE_KINDS}
+    return ({k: float(sum(r[f"bytes_{k}"] for r in rows) / len(rows)) for k in BYTE_KINDS}
+            if rows else None)
 
 
 # ------------------------------------------------------------------------------------------------

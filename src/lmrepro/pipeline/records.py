@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from lmrepro.errors import check
 from lmrepro.io import read_json
 from lmrepro.pipeline import registry
+from lmrepro.results import sparsity_from_density
 from lmrepro.stats import StatsConfig
 
 ANALYSIS_FORMAT = "lmrepro.analysis/2"
@@ -46,6 +47,11 @@ class RunRecord(_Record):
     peak_pss_bytes: int | None = None
     scale: str
     configuration: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older(cls, data: Any) -> Any:
+        return sparsity_from_density(data)
 
     @property
     def world_size(self) -> int | None:
