@@ -103,11 +103,8 @@ class TopKEF:
         return density_at(step, self._density, self.dense_steps, self._density_start,
                           self.sparsity_warmup_steps)
 
-    def kept(self, sparsity: float) -> int:
-        """Coordinates of the top-k tensors one rank sends at ``sparsity``."""
-        return self._kept(1.0 - sparsity)
-
     def _kept(self, density: float) -> int:
+        """Coordinates of the top-k tensors one rank sends at ``density = 1 - sparsity``."""
         return sum(keep_count(density, k) for _, k, ex in self._slots if not ex)
 
     def expected_bytes(self) -> dict[str, int]:
