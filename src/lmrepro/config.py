@@ -219,7 +219,12 @@ def to_argv(obj: BaseModel, prefix: str = "", exclude: typing.Collection[str] = 
         elif value is None:
             argv += [flag, "null"]
         elif isinstance(value, (list, tuple)):
-            argv += [flag, *map(str, value)]
+            if value:
+                argv += [flag, *map(str, value)]
+            elif type(obj).model_fields[name].get_default(call_default_factory=True):
+                # nargs="+" takes no empty list: one empty over a non-empty default is refused
+                raise ValueError(f"{name}: an empty list cannot be passed as a flag over a "
+                                 "non-empty default")
         elif isinstance(value, (int, float, str)):
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]
         else:

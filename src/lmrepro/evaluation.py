@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 import torch
@@ -40,7 +41,14 @@ class TrainingConfig(Section):
     lr: float = Field(default=1e-3, gt=0.0, le=1.0, description="peak learning rate")
     warmup_steps: int = Field(default=20, ge=0, description="linear warm-up steps")
     min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0,
-                                description="final lr / peak lr of the cosine decay")
+                                description="final lr / peak lr of the decay")
+    lr_schedule: Literal["cosine", "wsd"] = Field(
+        default="cosine", description="cosine: warm-up, then cosine decay over the whole run; "
+        "wsd: warm-up, constant, then a linear decay over the last decay_fraction of the run "
+        "(warmup-stable-decay: the lr at a step does not depend on the run's length until the "
+        "decay starts)")
+    decay_fraction: float = Field(default=0.1, gt=0.0, le=1.0, description="wsd: the final "
+                                  "fraction of the run over which the lr decays")
     weight_decay: float = Field(default=0.1, ge=0.0, description="decoupled weight decay "
                                 "(matrices only: lmrepro.optim.groups)")
     beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
@@ -64,6 +72,27 @@ def cosine_lr(step: int, total_steps: int, warmup_steps: int, base_lr: float,
     progress = min(1.0, (step - warmup_steps) / span)
     return base_lr * (min_lr_ratio
                       + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def wsd_lr(step: int, total_steps: int, warmup_steps: int, base_lr: float,
+           min_lr_ratio: float = 0.1, decay_fraction: float = 0.1) -> float:
+    """Warmup-stable-decay (Hägele et al. 2024, arXiv 2405.18392): linear warm-up to ``base_lr``
+    over ``warmup_steps``, constant, then linear decay to ``min_lr_ratio * base_lr`` over the
+    last ``round(decay_fraction * total_steps)`` steps. Before the decay starts the lr of a step
+    is the same for every run length, so points along a run are not confounded by its end."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    decay = max(1, round(decay_fraction * total_steps))
+    start = total_steps - decay
+    if step < start:
+        return base_lr
+    progress = min(1.0, (step - start + 1) / decay)
+    return base_lr * (1.0 - (1.0 - min_lr_ratio) * progress)
+
+
+def decay_start(total_steps: int, decay_fraction: float) -> int:
+    """The first step of a wsd run's decay (its stable phase is every step before it)."""
+    return total_steps - max(1, round(decay_fraction * total_steps))
 
 
 def eval_windows_available(n_bytes: int, context: int) -> int:

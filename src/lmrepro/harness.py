@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmrepro.evaluation import cosine_lr
+from lmrepro.evaluation import cosine_lr, wsd_lr
 from lmrepro.io import append_jsonl
 from lmrepro.memory import Memory, MemorySampler
 from lmrepro.results import (METRICS, SUMMARY, RunSummary, load_checkpoint, publish_checkpoint,
@@ -54,15 +54,28 @@ class Diverged(Exception):
 
 @dataclass(frozen=True)
 class Schedule:
-    """Linear warm-up to ``lr``, then cosine decay to ``min_lr_ratio * lr`` at ``steps``."""
+    """Linear warm-up to ``lr``, then ``kind``: cosine decay to ``min_lr_ratio * lr`` at
+    ``steps`` (:func:`lmrepro.evaluation.cosine_lr`), or constant with a linear decay over the
+    last ``decay_fraction`` of the run (:func:`lmrepro.evaluation.wsd_lr`)."""
 
     steps: int
     warmup_steps: int
     lr: float
     min_lr_ratio: float
+    kind: str = "cosine"
+    decay_fraction: float = 0.1
 
     def __call__(self, step: int) -> float:
+        if self.kind == "wsd":
+            return wsd_lr(step, self.steps, self.warmup_steps, self.lr, self.min_lr_ratio,
+                          self.decay_fraction)
         return cosine_lr(step, self.steps, self.warmup_steps, self.lr, self.min_lr_ratio)
+
+    @classmethod
+    def of(cls, cfg: Any, lr: float) -> Schedule:
+        """The schedule a :class:`lmrepro.evaluation.TrainingConfig` declares, peaking at ``lr``."""
+        return cls(cfg.steps, cfg.warmup_steps, lr, cfg.min_lr_ratio, cfg.lr_schedule,
+                   cfg.decay_fraction)
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,8 @@ class Cadence:
 
     A checkpoint every ``checkpoint_every`` steps before the last (0: none), and after the last
     when ``checkpoint_last``; an evaluation every ``eval_every`` steps before the last (0: none;
-    the final model is evaluated by the trainer); a step record every ``log_every`` steps and
+    the final model is evaluated by the trainer) and after the step counts in ``eval_at``; a
+    step record every ``log_every`` steps and
     for the last step."""
 
     steps: int
@@ -79,6 +93,7 @@ class Cadence:
     checkpoint_last: bool = False
     eval_every: int = 0
     log_every: int = 1
+    eval_at: frozenset[int] = frozenset()
 
     def checkpoint_due(self, done: int) -> bool:
         if done == self.steps:
@@ -86,7 +101,11 @@ class Cadence:
         return bool(self.checkpoint_every) and done % self.checkpoint_every == 0
 
     def eval_due(self, done: int) -> bool:
-        return bool(self.eval_every) and done % self.eval_every == 0 and done < self.steps
+        """Every ``eval_every`` steps, and after each count of steps in ``eval_at``, before
+        the last (the trainer evaluates the final model)."""
+        if done >= self.steps:
+            return False
+        return done in self.eval_at or (bool(self.eval_every) and done % self.eval_every == 0)
 
     def log_due(self, step: int) -> bool:
         return step % self.log_every == 0 or step + 1 == self.steps
@@ -213,7 +232,7 @@ class Run:
 
     # -- the loop --------------------------------------------------------------------------------
     def train(self, step: StepFn, state: Callable[[], dict[str, Any]],
-              evaluate: Callable[[], float] | None = None, end: int | None = None
+              evaluate: Callable[[], float | dict[str, float]] | None = None, end: int | None = None
               ) -> int | None:
         """Train steps ``start .. end - 1`` (default: to the last): for each, the lr, the
         ``step`` timed on the training clock, its record, then the evaluation (``evaluate``
@@ -236,10 +255,12 @@ class Run:
         return None
 
     def after_step(self, done: int, state: Callable[[], dict[str, Any]],
-                   evaluate: Callable[[], float] | None) -> None:
-        """The evaluation and the checkpoint due after step ``done``."""
+                   evaluate: Callable[[], float | dict[str, float]] | None) -> None:
+        """The evaluation and the checkpoint due after step ``done``. ``evaluate`` returns the
+        validation bits per byte, or a record of several (``eval_bpb``, ``test_bpb``)."""
         if evaluate is not None and self.cadence.eval_due(done):
-            self.log({"step": done - 1, "eval_bpb": evaluate()})
+            got = evaluate()
+            self.log({"step": done - 1, **(got if isinstance(got, dict) else {"eval_bpb": got})})
         if self.cadence.checkpoint_due(done):
             self.save(done, state())
 

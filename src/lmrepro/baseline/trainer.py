@@ -77,7 +77,7 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
     model = ByteTransformer(model_cfg)
     run = Run(out_dir, run_identity(model_cfg, s, seed, name, corpus, len(train_data),
                                     len(val_data)),
-              Schedule(s.steps, s.warmup_steps, s.lr, s.min_lr_ratio),
+              Schedule.of(s, s.lr),
               Cadence(s.steps, s.checkpoint_every, checkpoint_last=True, eval_every=s.eval_every,
                       log_every=s.log_every), s.batch_size * model_cfg.context)
 

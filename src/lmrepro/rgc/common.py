@@ -22,7 +22,7 @@ import torch
 
 from lmrepro import backprop
 from lmrepro.errors import check
-from lmrepro.evaluation import bits_per_byte, cosine_lr, evaluate_losses
+from lmrepro.evaluation import bits_per_byte, evaluate_losses
 from lmrepro.harness import Cadence, Run, Schedule
 from lmrepro.lifetime import FAULT_ENV, armed_fault
 from lmrepro.model import ByteTransformer
@@ -49,7 +49,7 @@ def make_adamw(model: ByteTransformer, params: Iterable[torch.nn.Parameter], cfg
 
 
 def lr_at(cfg: RGCConfig, step: int) -> float:
-    return cosine_lr(step, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio)
+    return Schedule.of(cfg, cfg.lr)(step)
 
 
 def set_lr(optimizers: Iterable[torch.optim.Optimizer], lr: float) -> None:
@@ -285,7 +285,7 @@ def cadence(cfg: RGCConfig) -> Cadence:
 def harness(cfg: RGCConfig, spec: RunSpec, sampler: MemorySampler) -> Run:
     """The run's harness (:func:`cadence`, the identity of :func:`run_identity`)."""
     return Run(spec.out_dir, run_identity(cfg, spec.executor, spec.seed),
-               Schedule(cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio), cadence(cfg),
+               Schedule.of(cfg, cfg.lr), cadence(cfg),
                cfg.batch_size * cfg.model.context, sampler=sampler)
 
 

@@ -47,6 +47,11 @@ class ScapeConfig(TrainingConfig):
         "density_start": "use sparsity_start = 1 - density_start",
         "density_warmup_steps": "use sparsity_warmup_steps (the same steps)"}
 
+    eval_at: list[int] = Field(default_factory=list, description="step counts after which "
+                               "the validation and test splits are scored during the run "
+                               "(a loss curve for steps-to-target); the final model is always "
+                               "scored")
+
     dense_steps: int = Field(default=0, ge=0, description="sparse methods (SCAPE, top-k): "
                              "dense steps before the sparsity schedule starts")
     sparsity_start: float = Field(default=0.0, ge=0.0, lt=1.0, description="sparse methods: "
@@ -54,6 +59,15 @@ class ScapeConfig(TrainingConfig):
     sparsity_warmup_steps: int = Field(default=0, ge=0, description="sparse methods: steps of "
                                        "the linear sparsity warm-up from sparsity_start to "
                                        "the run's sparsity")
+
+
+    @model_validator(mode="after")
+    def _eval_points(self) -> ScapeConfig:
+        pts = self.eval_at
+        if pts and (sorted(set(pts)) != pts or pts[0] < 1 or pts[-1] >= self.steps):
+            raise field_error("eval_at", pts, f"must be distinct step counts in [1, "
+                              f"{self.steps - 1}] (below steps = {self.steps}), increasing")
+        return self
 
 
 #: Settings a resumed run may change (they do not change the numbers).
@@ -201,6 +215,14 @@ class ScalingStudy(Section):
     ablation_seeds: list[int] = Field(default_factory=list)
     edge_check: bool = Field(default=True, description="last: train each sweep winner on the "
                              "grid's edge one grid step beyond it (reported, not applied)")
+    curve_points: int = Field(default=0, ge=0, description="validation and test losses at this "
+                              "many log-spaced step counts along each run, from 1 % of it to "
+                              "the start of its lr decay (wsd) or its end (steps-to-target; "
+                              "0: the final model only)")
+    reuse_sweep_seed: bool = Field(default=False, description="the sweep's seed is a verdict "
+                                   "seed: that seed's verdict runs are the sweep's winners "
+                                   "(tuned on the validation split, judged on the test split) "
+                                   "instead of a fourth training")
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingStudy:
@@ -233,8 +255,12 @@ class ScalingStudy(Section):
         if self.sweep_factors and len(self.sweep_factors) < 3:
             raise field_error("sweep_factors", self.sweep_factors, "must hold >= 3 values")
         used = {x for seeds in self.seeds.values() for x in seeds} | set(self.verdict_seeds)
-        if self.sweep_seed in used:
-            raise field_error("sweep_seed", self.sweep_seed, "must not be a study seed")
+        if self.reuse_sweep_seed and self.sweep_seed not in self.verdict_seeds:
+            raise field_error("sweep_seed", self.sweep_seed, "must be one of verdict_seeds "
+                              f"{self.verdict_seeds} with reuse_sweep_seed")
+        if not self.reuse_sweep_seed and self.sweep_seed in used:
+            raise field_error("sweep_seed", self.sweep_seed, "must not be a study seed (or set "
+                              "reuse_sweep_seed)")
         return self
 
     @property

@@ -29,10 +29,15 @@ reuses a run and an interrupted study resumes where it stopped. The analysis is
 from __future__ import annotations
 
 import logging
+import math
+import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lmrepro.data.stage import data_identity
+from lmrepro.evaluation import decay_start
 from lmrepro.io import atomic_write_json, read_json
 from lmrepro.model import ModelConfig
 from lmrepro.runlock import holds_writer_lock
@@ -49,12 +54,25 @@ PLAN = "plan.json"
 
 
 def scaled_settings(base: ScapeConfig, steps: int, warmup_fraction: float,
-                    sparsity_warmup_fraction: float) -> ScapeConfig:
-    """``base`` at ``steps`` optimizer steps with its warm-ups as fractions of the run; no
-    checkpoints more often than a tenth of the run (the study resumes per run)."""
+                    sparsity_warmup_fraction: float, curve_points: int = 0) -> ScapeConfig:
+    """``base`` at ``steps`` optimizer steps with its warm-ups as fractions of the run, and
+    ``curve_points`` evaluations along it (:func:`curve_steps`); no checkpoints more often than
+    a quarter of the run (the study resumes per run)."""
     return base.replace(steps=steps, warmup_steps=round(warmup_fraction * steps),
                         sparsity_warmup_steps=round(sparsity_warmup_fraction * steps),
-                        checkpoint_every=max(base.checkpoint_every, steps // 4))
+                        checkpoint_every=max(base.checkpoint_every, steps // 4),
+                        eval_at=curve_steps(base, steps, curve_points))
+
+
+def curve_steps(base: ScapeConfig, steps: int, points: int) -> list[int]:
+    """``points`` log-spaced step counts from 1 % of the run to the start of its lr decay
+    (``wsd``; the stable phase, whose lr does not depend on the run's length) or to its end
+    (cosine), distinct and below ``steps``."""
+    if points <= 0:
+        return []
+    end = decay_start(steps, base.decay_fraction) if base.lr_schedule == "wsd" else steps - 1
+    grid = np.geomspace(max(1, steps // 100), end, points)
+    return sorted({int(round(x)) for x in grid if 1 <= round(x) < steps})
 
 
 def ablation_settings(settings: ScapeConfig, ab: ScalingAblation) -> ScapeConfig:
@@ -71,6 +89,30 @@ def ablation_run(runs: list[ScapeRun], ab: ScalingAblation) -> ScapeRun:
     base = next(r for r in runs if r.run_name == ab.run)
     return base.replace(name=ab.name, **({"decay_scope": ab.decay_scope}
                                          if ab.decay_scope is not None else {}))
+
+
+REUSED = "reused.json"
+
+
+def reuse_run(src: Path, dst: Path, name: str) -> None:
+    """Copy the finished run ``src`` (not its checkpoints) to ``dst`` under the run name
+    ``name`` (the summary's ``name`` and ``config.run.name``), recording where it came from
+    (``reused.json``). The summary is written last: an interrupted copy is not a finished run."""
+    tmp = dst.with_name(dst.name + ".copying")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in (SUMMARY,) and not f.name.startswith("."):
+            shutil.copy2(f, tmp / f.name)
+    summary = read_json(src / SUMMARY)
+    summary["name"] = name
+    summary.setdefault("config", {}).setdefault("run", {})["name"] = name
+    atomic_write_json(tmp / REUSED, {"from": str(src), "name": summary.get("name"),
+                                     "why": "the sweep's winner at a verdict seed: the same "
+                                            "settings, seed and lr (reuse_sweep_seed)"})
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    atomic_write_json(dst / SUMMARY, summary)
 
 
 def _finished(d: Path) -> dict[str, Any]:
@@ -90,16 +132,15 @@ class Study:
 
     def settings(self, steps: int) -> ScapeConfig:
         s = self.study
-        return scaled_settings(self.base, steps, s.warmup_fraction, s.sparsity_warmup_fraction)
+        return scaled_settings(self.base, steps, s.warmup_fraction, s.sparsity_warmup_fraction,
+                               s.curve_points)
 
     def _point(self, kind: str, size: str, steps: int, runs: list[ScapeRun],
                settings: ScapeConfig, seeds: list[int], extra: dict[str, Any] | None = None
                ) -> dict[str, Path]:
         model = self.study.sizes[size]
-        root = prepare_runs_dir(self.stage / kind / size / f"L{steps}", {
-            "model": model.to_dict(), "settings": settings.to_dict(),
-            "runs": [r.to_dict() for r in runs], "world_size": self.world,
-            "corpus": self.corpus, "data": self.data, **(extra or {})})
+        root = prepare_runs_dir(self.stage / kind / size / f"L{steps}",
+                                self._identity(size, runs, settings, extra))
         out: dict[str, Path] = {}
         for seed in seeds:
             dirs = run_scape_suite(self.corpus_dir, root / seed_dir(seed), settings, runs, model,
@@ -114,9 +155,11 @@ class Study:
         if not s.sweep_factors:
             return {}
         steps = s.verdict_steps
+        # the centre of the grid first, then outwards: an interrupted sweep has its best guess
         grid = [r.replace(name=f"{r.run_name}@lr{r.lr_or(self.base.lr) * f:.3g}",
                           lr=float(f"{r.lr_or(self.base.lr) * f:.3g}"))
-                for r in runs for f in s.sweep_factors]
+                for f in sorted(s.sweep_factors, key=lambda f: (abs(math.log(f)), f))
+                for r in runs]
         dirs = self._point("sweep", s.verdict_size, steps, grid, self.settings(steps),
                            [s.sweep_seed])
         where = f"{s.verdict_size}/L{steps}/{seed_dir(s.sweep_seed)}"
@@ -128,6 +171,28 @@ class Study:
             "factors": s.sweep_factors, "rows": rows, "best": best,
             "on_edge": on_edge(rows, best)})
         return best
+
+    def reuse_winners(self, best: dict[str, float]) -> None:
+        """With ``reuse_sweep_seed``: each sweep winner's finished run becomes the verdict
+        point's run of the sweep's seed (the same settings, seed and lr: the same training;
+        only its name differs), so that seed is not trained twice."""
+        s = self.study
+        size, steps = s.verdict_size, s.verdict_steps
+        runs = self.runs_of(size, best)
+        root = prepare_runs_dir(self.stage / "runs" / size / f"L{steps}", self._identity(
+            size, runs, self.settings(steps)))
+        src_root = self.stage / "sweep" / size / f"L{steps}" / seed_dir(s.sweep_seed)
+        for run in runs:
+            src = src_root / f"{run.run_name}@lr{run.lr_or(self.base.lr):.3g}"
+            dst = root / seed_dir(s.sweep_seed) / run.run_name
+            if (src / SUMMARY).exists() and not (dst / SUMMARY).exists():
+                reuse_run(src, dst, run.run_name)
+
+    def _identity(self, size: str, runs: list[ScapeRun], settings: ScapeConfig,
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"model": self.study.sizes[size].to_dict(), "settings": settings.to_dict(),
+                "runs": [r.to_dict() for r in runs], "world_size": self.world,
+                "corpus": self.corpus, "data": self.data, **(extra or {})}
 
     def runs_of(self, size: str, best: dict[str, float]) -> list[ScapeRun]:
         runs = self.study.runs[size]
@@ -143,6 +208,8 @@ class Study:
         out: dict[str, Path] = {}
         vsize, vsteps = s.verdict_size, s.verdict_steps
         seeds_v = sorted(set(s.seeds[vsize]) | set(s.verdict_seeds))
+        if s.reuse_sweep_seed:
+            self.reuse_winners(best)
         out.update(self._point("runs", vsize, vsteps, self.runs_of(vsize, best),
                                self.settings(vsteps), seeds_v))
         for size, lengths in s.lengths.items():

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,7 @@ def train(cfg: ScapeConfig, run: ScapeRun, model_cfg: ModelConfig, target: RunTa
 def _harness(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget,
              ctx: DistContext) -> Run:
     """The run's harness: checkpoints every ``checkpoint_every`` steps before the last, every
-    step logged, no evaluation before the final one; one writer (rank 0)."""
+    step logged, evaluations after the step counts of ``eval_at`` (rank 0); one writer."""
 
     def barrier(what: str) -> None:
         if ctx.initialized:
@@ -176,8 +177,8 @@ def _harness(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarg
                 dist.barrier()
 
     return Run(target.out, run_identity(cfg, run, mcfg, target, ctx.world_size),
-               Schedule(cfg.steps, cfg.warmup_steps, run.lr_or(cfg.lr), cfg.min_lr_ratio),
-               Cadence(cfg.steps, cfg.checkpoint_every),
+               Schedule.of(cfg, run.lr_or(cfg.lr)),
+               Cadence(cfg.steps, cfg.checkpoint_every, eval_at=frozenset(cfg.eval_at)),
                cfg.batch_size * mcfg.context * ctx.world_size,
                sampler=MemorySampler(children=False),     # this worker; rank 0 adds them up
                place=Place(ctx.rank, ctx.world_size, barrier))
@@ -222,7 +223,8 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
         assert harness.place.barrier is not None
         harness.place.barrier("start barrier")
         model.train()
-        diverged = harness.train(_step_fn(cfg, mcfg, ctx, model, opt, gen, train_data), state)
+        diverged = harness.train(_step_fn(cfg, mcfg, ctx, model, opt, gen, train_data), state,
+                                 _curve_point(cfg, mcfg, target, ctx, model))
         if diverged is not None and ctx.is_main:
             print(f"{run.run_name}: diverged at step {diverged}: "
                   f"{harness.records[-1]['diverged']}", flush=True)
@@ -292,6 +294,23 @@ def _evaluate(cfg: ScapeConfig, mcfg: ModelConfig, target: RunTarget, ctx: DistC
 
     return evaluate_losses(logits_fn, load_split_data(target.corpus_dir, split), mcfg.context,
                            cfg.eval_batch_size, cfg.eval_batches)
+
+
+def _curve_point(cfg: ScapeConfig, mcfg: ModelConfig, target: RunTarget, ctx: DistContext,
+                 model: torch.nn.Module) -> Callable[[], dict[str, float]] | None:
+    """Rank 0's evaluation during the run (``eval_at``): validation and test bits per byte.
+    The other ranks wait at the next step's collective; no random state is drawn, so the run's
+    numbers are those of a run without evaluations."""
+    if not (cfg.eval_at and ctx.is_main):
+        return None
+
+    def point() -> dict[str, float]:
+        out = {"eval_bpb": bits_per_byte(_evaluate(cfg, mcfg, target, ctx, model, "val")),
+               "test_bpb": bits_per_byte(_evaluate(cfg, mcfg, target, ctx, model, "test"))}
+        model.train()
+        return out
+
+    return point
 
 
 def _details(cfg: ScapeConfig, run: ScapeRun, ctx: DistContext, records: list[dict],
