@@ -67,12 +67,30 @@ def paired_test(base: Sequence[Run], cand: Sequence[Run], stats: StatsConfig
                                                                      for p in pairs})}
 
 
-def trend(gaps: pd.DataFrame, confidence: float = 0.95, to_steps: int | None = None
-          ) -> pd.DataFrame:
+def lack_of_fit(x: np.ndarray, y: np.ndarray, fitted: np.ndarray, params: int = 2
+                ) -> tuple[float, float]:
+    """The lack-of-fit F test of a fitted line against the replicates (seeds) at each x: the
+    residual sum of squares split into pure error (replicates about their own mean, df = n - k)
+    and lack of fit (the rest, df = k - ``params``); ``(F, p)``, NaN without replicates or with
+    k <= ``params`` distinct x. A small p says the line does not describe the means."""
+    levels = np.unique(x)
+    pure = float(sum(((y[x == v] - y[x == v].mean()) ** 2).sum() for v in levels))
+    df_pe, df_lof = len(x) - len(levels), len(levels) - params
+    if df_pe <= 0 or df_lof <= 0 or pure <= 0:
+        return math.nan, math.nan
+    lof = float(((y - fitted) ** 2).sum()) - pure
+    f = (lof / df_lof) / (pure / df_pe)
+    return f, float(sps.f.sf(f, df_lof, df_pe))
+
+
+def trend(gaps: pd.DataFrame, confidence: float = 0.95, to_steps: int | None = None,
+          alpha: float = 0.05) -> pd.DataFrame:
     """Per size, candidate and baseline with >= 3 lengths: least squares of the per-seed gaps on
-    ``log10(steps)``: the slope per decade with its two-sided ``confidence`` t interval, and,
-    with ``to_steps``, the gap extrapolated there with its prediction interval (an
-    extrapolation: ``extrapolated_gap_at``, ``extrapolation_low``/``_high``)."""
+    ``log10(steps)``: the slope per decade with its two-sided ``confidence`` t interval and the
+    lack-of-fit F test (:func:`lack_of_fit`), and, with ``to_steps``, the gap extrapolated there
+    with its prediction interval (``extrapolated_gap_at``, ``extrapolation_low``/``_high``)
+    only where the line passes that test (p >= ``alpha``): a rejected line is not
+    extrapolated (``extrapolated`` False says so)."""
     rows: list[dict[str, Any]] = []
     if gaps.empty:
         return pd.DataFrame(rows)
@@ -90,11 +108,15 @@ def trend(gaps: pd.DataFrame, confidence: float = 0.95, to_steps: int | None = N
         q = sps.t.ppf(0.5 + confidence / 2, df)
         resid = y - (fit.intercept + fit.slope * x)
         s = math.sqrt(float(resid @ resid) / df)
+        lof_f, lof_p = lack_of_fit(x, y, fit.intercept + fit.slope * x)
         row = {"size": size, "candidate": cand, "baseline": base, "points": n,
                "lengths": sorted({int(round(10 ** v)) for v in xs}),
                "slope_per_decade": fit.slope, "slope_low": fit.slope - q * fit.stderr,
-               "slope_high": fit.slope + q * fit.stderr, "p_slope": fit.pvalue}
-        if to_steps is not None:
+               "slope_high": fit.slope + q * fit.stderr, "p_slope": fit.pvalue,
+               "lack_of_fit_F": lof_f, "lack_of_fit_p": lof_p,
+               "extrapolated": bool(to_steps is not None and math.isfinite(lof_p)
+                                    and lof_p >= alpha)}
+        if row["extrapolated"] and to_steps is not None:
             x0 = math.log10(to_steps)
             se_pred = s * math.sqrt(1 + 1 / n + (x0 - x.mean()) ** 2
                                     / float(((x - x.mean()) ** 2).sum()))

@@ -1,0 +1,133 @@
+"""Steps to target (lmrepro.pipeline.steps_to_target) and the warmup-stable-decay schedule."""
+
+import math
+
+import numpy as np
+import pytest
+
+from lmrepro.evaluation import cosine_lr, decay_start, wsd_lr
+from lmrepro.harness import Cadence, Schedule
+from lmrepro.pipeline.steps_to_target import (crossing, end_multiplier, log_interval,
+                                              multiplier_rows, multiplier_table, targets_between)
+
+STEPS = [100, 200, 400, 800, 1600, 3200, 6400]
+
+
+def power_law(steps, scale=1.0, a=8.0, b=0.25):
+    """A loss curve a * (s / scale) ** -b: the same curve needing `scale` times the steps."""
+    return [a * (s / scale) ** -b for s in steps]
+
+
+def test_crossing_interpolates_in_log_steps():
+    # a curve linear in log(steps) is recovered exactly between the evaluations
+    steps = [100, 1000]
+    losses = [4.0, 3.0]
+    assert crossing(steps, losses, 3.5) == pytest.approx(math.sqrt(100 * 1000))
+    assert crossing(steps, losses, 4.5) == 100.0          # reached at the first evaluation
+    assert crossing(steps, losses, 2.9) is None           # never reached
+
+
+def test_crossing_takes_the_first_crossing():
+    assert crossing([1, 2, 4, 8], [5.0, 3.0, 3.5, 2.0], 3.2) < 2.0
+
+
+def test_a_curve_needing_twice_the_steps_has_multiplier_two():
+    base = {s: (STEPS, power_law(STEPS)) for s in range(3)}
+    cand = {s: (STEPS, power_law(STEPS, scale=2.0)) for s in range(3)}
+    rows = multiplier_rows(base, cand, [2.0, 1.5, 1.2])
+    assert [r["multiplier"] for r in rows] == pytest.approx([2.0] * 3, rel=0.02)
+    assert all(r["censored"] == 0 and r["seeds"] == 3 for r in rows)
+
+
+def test_the_interval_is_a_t_interval_on_per_seed_log_multipliers():
+    logs = [math.log(1.5), math.log(2.0), math.log(3.0)]
+    mean, low, high = log_interval(logs)
+    x = np.array(logs)
+    half = 4.302652729911275 * x.std(ddof=1) / math.sqrt(3)     # t(0.975, df=2)
+    assert mean == pytest.approx(math.exp(x.mean()))
+    assert (low, high) == pytest.approx((math.exp(x.mean() - half), math.exp(x.mean() + half)))
+
+
+def test_a_candidate_that_never_reaches_the_target_is_censored_to_a_lower_bound():
+    base = {0: (STEPS, power_law(STEPS)), 1: (STEPS, power_law(STEPS))}
+    cand = {0: (STEPS, power_law(STEPS, scale=100.0)), 1: (STEPS, power_law(STEPS, scale=100.0))}
+    target = power_law([1600])[0]
+    (row,) = multiplier_rows(base, cand, [target])
+    assert row["censored"] == 2
+    assert row["multiplier"] == pytest.approx(6400 / 1600, rel=1e-6)   # last step / baseline's
+
+
+def test_end_multiplier_is_the_baseline_steps_to_the_candidates_final_loss():
+    base = {s: (STEPS, power_law(STEPS)) for s in range(3)}
+    cand = {s: (STEPS, power_law(STEPS, scale=2.0)) for s in range(3)}
+    got = end_multiplier(base, cand)
+    assert got["multiplier"] == pytest.approx(2.0, rel=1e-6)
+    assert got["censored"] == 0
+
+
+def test_the_table_spans_the_floor_to_the_baselines_final_loss():
+    longer = [*STEPS, 12800]
+    curves = {"dense": {s: (STEPS, power_law(STEPS)) for s in range(2)},
+              "sparse": {s: (longer, power_law(longer, scale=1.5)) for s in range(2)}}
+    floor = 2.0
+    table = multiplier_table(curves, "dense", floor, n_targets=5)
+    assert list(table.candidate.unique()) == ["sparse"]
+    assert table.target.max() == pytest.approx(floor)
+    assert table.target.min() == pytest.approx(power_law(STEPS)[-1])
+    assert table.multiplier.to_numpy() == pytest.approx([1.5] * 5, rel=0.03)
+    assert (table.censored == 0).all()
+    assert targets_between(3.0, 3.5) == []     # a baseline above the floor: no target
+
+
+def test_wsd_is_constant_until_its_decay_whatever_the_length():
+    for step in range(0, 900):
+        assert wsd_lr(step, 1000, 50, 1.0, 0.1, 0.1) == wsd_lr(step, 4000, 50, 1.0, 0.1, 0.1)
+    assert wsd_lr(899, 1000, 50, 1.0, 0.1, 0.1) == 1.0
+    assert wsd_lr(999, 1000, 50, 1.0, 0.1, 0.1) == pytest.approx(0.1)
+    assert decay_start(1000, 0.1) == 900
+    assert 0.1 < wsd_lr(950, 1000, 50, 1.0, 0.1, 0.1) < 1.0
+    # cosine, by contrast, depends on the run's length at every step after the warm-up
+    assert cosine_lr(500, 1000, 50, 1.0) != cosine_lr(500, 4000, 50, 1.0)
+
+
+def test_the_harness_schedule_follows_the_declared_kind():
+    wsd = Schedule(1000, 10, 2.0, 0.1, "wsd", 0.2)
+    cos = Schedule(1000, 10, 2.0, 0.1)
+    assert wsd(500) == 2.0 and wsd(999) == pytest.approx(0.2)
+    assert cos(500) == pytest.approx(cosine_lr(500, 1000, 10, 2.0, 0.1))
+
+
+def test_the_cadence_evaluates_at_the_listed_step_counts_before_the_last():
+    c = Cadence(100, eval_at=frozenset({10, 30, 100}))
+    assert [d for d in range(1, 101) if c.eval_due(d)] == [10, 30]
+
+
+def test_lack_of_fit_rejects_a_line_through_curved_means_and_keeps_a_straight_one():
+    from lmrepro.pipeline.length_study import lack_of_fit
+
+    rng = np.random.default_rng(0)
+    x = np.repeat([1.0, 2.0, 3.0, 4.0], 5)
+    noise = rng.normal(0, 0.01, x.size)
+    for y, rejected in ((0.1 * x + noise, False), (0.1 * (x - 2.5) ** 2 + noise, True)):
+        fit = np.polyfit(x, y, 1)
+        f, p = lack_of_fit(x, y, np.polyval(fit, x))
+        assert (p < 0.05) == rejected, (f, p)
+
+
+def test_the_published_length_trend_fails_its_lack_of_fit_test_and_is_not_extrapolated():
+    """The training-length study published from the scaling profile: its log-linear trends
+    are rejected (2x64 SCAPE 90 % against AdamS: F = 199, p = 6e-7), so none is extrapolated."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from lmrepro.pipeline.length_study import trend
+
+    root = Path(__file__).resolve().parents[1]
+    d = json.loads((root / "published/scaling/results/analysis/scaling/scaling.json").read_text())
+    t = trend(pd.DataFrame(d["gaps"]), to_steps=100_000)
+    row = t[(t["size"] == "2x64") & (t.candidate == "scape90") & (t.baseline == "adams")].iloc[0]
+    assert row.lack_of_fit_F == pytest.approx(199.24, rel=1e-3)
+    assert row.lack_of_fit_p < 1e-6
+    assert not t.extrapolated.any() and t.get("extrapolated_gap_at") is None
