@@ -161,7 +161,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
                    corpus: str) -> dict[str, Any]:
     """Every table of the study as CSV under ``out_dir``, ``analysis.json`` (the verdict point's
     records) and ``scaling.json`` (tables as records); returns the tables."""
-    from lmrepro.scape import scaling_plots
+    from lmrepro.scape import horizon, scaling_plots
 
     out_dir = Path(out_dir)
     runs = study_runs(stage_dir)
@@ -172,6 +172,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     tables["trend"] = trend(gaps, to_steps=PAPER_STEPS)
     tables["ablations"] = ablation_table(runs, stats)
     tables["diagnostics"] = diagnostics_table(runs, *verdict)
+    tables["multiplier"], tables["end_multiplier"] = horizon.multiplier_tables(runs, floor)
     sweep = stage_dir_sweep(stage_dir)
     if sweep is not None:
         tables["sweep"] = pd.DataFrame(sweep["rows"])
@@ -190,6 +191,14 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
         "sweep": sweep, **{k: table_records(v) for k, v in tables.items()}})
     atomic_write_text(out_dir / README_SECTION, readme_markdown(tables, sweep, verdict, floor))
     figures = scaling_plots.figures(runs, gaps, floor, verdict)
+    curves = horizon.point_curves(runs).get(verdict)
+    if curves:
+        figures["stable_curves"] = horizon.curves_figure(
+            curves, floor, scaling_plots.COLOURS, f"Test loss along each run, {verdict[0]}, "
+            f"{verdict[1]} steps (one line per seed)")
+    if len(tables["multiplier"]):
+        figures["multiplier"] = horizon.multiplier_figure(tables["multiplier"], floor,
+                                                          scaling_plots.COLOURS)
     for name, fig in figures.items():
         scaling_plots.save(fig, out_dir / f"{name}.png")
     return {"tables": tables, "records": records, "figures": figures, "sweep": sweep}
@@ -275,16 +284,28 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                     f"{'yes' if r.testable else 'no'} |")
     lines += rows + [""]
     if len(trend_t):
-        lines += ["Trend of the gap to dense AdamS per decade of training steps (least squares on "
-                  "the per-seed gaps; 95 % intervals); the value at the paper's 100 000 steps is "
-                  "an **extrapolation** far outside the measured lengths:", "",
-                  "| size | candidate | slope per decade | extrapolated gap at 100k steps |",
-                  "|---|---|---|---|"]
+        lines += ["A straight line of the gap to dense AdamS in log10(steps), tested for lack "
+                  "of fit against the seeds at each length; only a line that passes (p >= "
+                  "0.05) would be extrapolated to the paper's 100 000 steps:", "",
+                  "| size | candidate | slope per decade | lack of fit F | p | extrapolated |",
+                  "|---|---|---|---:|---:|---|"]
         for r in trend_t[trend_t.baseline == "adams"].itertuples():
+            ext = (f"{_pct(r.extrapolated_gap_at)} [{_pct(r.extrapolation_low)}, "
+                   f"{_pct(r.extrapolation_high)}]" if r.extrapolated else "no (the line fails)")
             lines.append(f"| {r.size} | {r.candidate} | {_pct(r.slope_per_decade)} "
                          f"[{_pct(r.slope_low)}, {_pct(r.slope_high)}] | "
-                         f"{_pct(r.extrapolated_gap_at)} [{_pct(r.extrapolation_low)}, "
-                         f"{_pct(r.extrapolation_high)}] |")
+                         f"{r.lack_of_fit_F:.3g} | {r.lack_of_fit_p:.2g} | {ext} |")
+        lines.append("")
+    mult = tables.get("multiplier")
+    if mult is not None and len(mult):
+        lines += ["Steps to target (test split, 95 % t interval over seeds; a run's curve is "
+                  "its stable phase under the wsd schedule): how many times dense AdamS's "
+                  "steps each method needs to reach a loss:", "",
+                  "| size | candidate | target bits/byte | multiplier | [low, high] | seeds | "
+                  "not reached |", "|---|---|---:|---:|---|---:|---:|"]
+        for r in mult.itertuples():
+            lines.append(f"| {r.size} | {r.candidate} | {r.target:.3f} | {r.multiplier:.2f} | "
+                         f"[{r.lower:.2f}, {r.upper:.2f}] | {r.seeds} | {r.censored} |")
         lines.append("")
     abl = tables.get("ablations")
     if abl is not None and len(abl):
@@ -304,22 +325,30 @@ def summary_sentences(tables: Mapping[str, pd.DataFrame], verdict: tuple[str, in
     """What the study says, in sentences computed from its tables: the gap to dense AdamS at
     the shortest and longest length of each size, and the mask diagnostics at the verdict
     point."""
+    from lmrepro.scape import horizon
+
     gaps, out = tables["gaps"], []
     if len(gaps) and "mean" in gaps:
         for (size, cand), g in gaps[gaps.baseline == "adams"].groupby(["size", "candidate"]):
             g = g.dropna(subset=["mean"]).sort_values("steps")
-            if len(g) >= 2:
-                a, b = g.iloc[0], g.iloc[-1]
-                out.append(f"{cand} against dense AdamS, model {size}: {_pct(a['mean'])} at "
-                           f"{a.steps} steps, {_pct(b['mean'])} at {b.steps} steps "
-                           f"({'grows' if b['mean'] > a['mean'] else 'shrinks'} with length).")
+            # every length, not two end points: each length's own schedule ends where it ends,
+            # so a gap that is not monotone in length is not a trend
+            out.append(f"{cand} against dense AdamS, model {size}: " + ", ".join(
+                f"{_pct(r['mean'])} at {r.steps} steps" for _, r in g.iterrows()) + ".")
+    trend_t = tables.get("trend")
+    if trend_t is not None and len(trend_t) and "lack_of_fit_p" in trend_t:
+        rejected = trend_t[trend_t.lack_of_fit_p < 0.05]
+        if len(rejected):
+            out.append(f"A straight line in log(steps) fails its lack-of-fit test for "
+                       f"{len(rejected)} of {len(trend_t)} series (p < 0.05): the gaps are not a "
+                       "trend, and none is extrapolated.")
+    out += horizon.describe(tables.get("multiplier", pd.DataFrame()),
+                            tables.get("end_multiplier", pd.DataFrame()))
     diag = tables.get("diagnostics")
-    if diag is not None and len(diag) and "step_enter" in diag:
+    if diag is not None and len(diag) and "mask_kept" in diag:
         for r in diag.itertuples():
             out.append(f"{r.run} at {verdict[0]}, {verdict[1]} steps: {r.mask_kept:.0%} of the "
-                       f"mask kept from one step to the next; coordinates entering it step by "
-                       f"{r.step_enter:.3f} lr on average against {r.step_stay:.3f} lr for those "
-                       f"that stayed (after {r.reentry_gap:.0f} steps out, on average).")
+                       "mask kept from one step to the next.")
     return ["What it says (computed from the tables below):", "",
             *[f"* {x}" for x in out], ""] if out else []
 
@@ -333,9 +362,20 @@ DISPLAY: dict[str, dict[str, str]] = {
              "p_value": "p_noninferior", "p_worse": "p_worse", "verdict": "verdict",
              "baseline_test_bpb": "dense_test_bpb", "candidate_test_bpb": "candidate_test_bpb",
              "testable": "testable"},
+    "multiplier": {"size": "size", "steps": "steps", "candidate": "candidate",
+                   "target": "target_bpb", "multiplier": "multiplier",
+                   "lower": "multiplier_lower", "upper": "multiplier_upper", "seeds": "seeds",
+                   "censored": "not_reached", "baseline_steps": "dense_steps",
+                   "candidate_steps": "candidate_steps"},
+    "end_multiplier": {"size": "size", "steps": "steps", "candidate": "candidate",
+                       "candidate_steps": "candidate_steps", "multiplier": "multiplier",
+                       "lower": "multiplier_lower", "upper": "multiplier_upper",
+                       "seeds": "seeds", "censored": "not_reached"},
     "trend": {"size": "size", "candidate": "candidate", "baseline": "baseline",
               "points": "points", "slope_per_decade": "slope_per_decade",
               "slope_low": "slope_low", "slope_high": "slope_high", "p_slope": "p_slope",
+              "lack_of_fit_F": "lack_of_fit_F", "lack_of_fit_p": "lack_of_fit_p",
+              "extrapolated": "extrapolated",
               "extrapolated_gap_at": "extrapolated_gap",
               "extrapolation_low": "extrapolation_low",
               "extrapolation_high": "extrapolation_high"},

@@ -1,0 +1,147 @@
+"""Steps to target in SCAPE's training-length study: the loss curves each run records along its
+stable phase (``scape.scaling.curve_points`` under a ``wsd`` schedule) read as compute
+multipliers against dense AdamS (:mod:`lmrepro.pipeline.steps_to_target`), and the figures
+that show them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from lmrepro.pipeline.runs import load_run
+from lmrepro.pipeline.steps_to_target import Curve, end_multiplier, multiplier_table
+
+BASELINE = "adams"
+
+
+def run_curve(path: str, split: str = "test") -> Curve | None:
+    """The evaluations a run logged during training (``eval_at``; not the final model's, which
+    a wsd run scores after its decay): step counts and bits/byte on ``split``."""
+    key = "test_bpb" if split == "test" else "eval_bpb"
+    recs = [r for r in load_run(path, path).metrics if key in r and "test_bpb" in r]
+    if not recs:
+        return None
+    return [int(r["step"]) + 1 for r in recs], [float(r[key]) for r in recs]
+
+
+def point_curves(runs: pd.DataFrame, split: str = "test"
+                 ) -> dict[tuple[str, int], dict[str, dict[int, Curve]]]:
+    """Per (size, steps) point of the study's runs: run name -> seed -> curve (runs that
+    logged one)."""
+    out: dict[tuple[str, int], dict[str, dict[int, Curve]]] = {}
+    for rec in runs[runs.kind == "runs"].itertuples():
+        curve = run_curve(rec.path, split)
+        if curve is not None:
+            out.setdefault((rec.size, int(rec.steps)), {}).setdefault(rec.run, {})[
+                int(rec.seed)] = curve
+    return out
+
+
+def multiplier_tables(runs: pd.DataFrame, floor: Mapping[str, Any] | None,
+                      n_targets: int = 8) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(multiplier, end_multiplier)``: per point with curves, each run against dense AdamS at
+    targets from the corpus's bigram floor (test split) down to AdamS's loss at the end of its
+    stable phase, and at the end of each candidate's curve."""
+    if floor is None:
+        return pd.DataFrame(), pd.DataFrame()
+    bigram = float(floor["bigram"]["test"])
+    tables, ends = [], []
+    for (size, steps), curves in sorted(point_curves(runs).items()):
+        t = multiplier_table(curves, BASELINE, bigram, n_targets)
+        if len(t):
+            tables.append(t.assign(size=size, steps=steps))
+        for name in sorted(curves):
+            if name != BASELINE and BASELINE in curves:
+                e = end_multiplier(curves[BASELINE], curves[name])
+                if e is not None:
+                    ends.append({"size": size, "steps": steps, "candidate": name,
+                                 "baseline": BASELINE, **e})
+    first = ["size", "steps", "candidate", "baseline"]
+    multiplier = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    if len(multiplier):
+        multiplier = multiplier[first + [c for c in multiplier.columns if c not in first]]
+    return multiplier, pd.DataFrame(ends)
+
+
+def multiplier_figure(multiplier: pd.DataFrame, floor: Mapping[str, Any] | None,
+                      colours: Mapping[str, str]) -> Figure:
+    """The compute multiplier against the target loss per method (95 % t interval over seeds),
+    the bigram and trigram floors marked; lower losses to the right."""
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
+    for name, g in multiplier.groupby("candidate", sort=True):
+        g = g.sort_values("target")
+        col = colours.get(name)
+        ax.plot(g.target, g.multiplier, "o-", color=col, label=f"{name} / dense AdamS")
+        ok = g.lower.notna()
+        ax.fill_between(g.target[ok], g.lower[ok], g.upper[ok], color=col, alpha=0.2)
+        cens = g[g.censored > 0]
+        if len(cens):
+            ax.plot(cens.target, cens.multiplier, "^", color=col, ms=9,
+                    label=f"{name}: not reached by every seed (a lower bound)")
+    if floor is not None:
+        for k, ls in (("bigram", "--"), ("trigram", ":")):
+            ax.axvline(float(floor[k]["test"]), color="gray", ls=ls,
+                       label=f"{k} floor (test) {float(floor[k]['test']):.3f}")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.invert_xaxis()
+    ax.set_yscale("log")
+    ax.set_xlabel("target loss, test bits/byte (lower to the right)")
+    ax.set_ylabel("steps needed / dense AdamS's steps")
+    ax.set_title("Steps to target: how many times dense AdamS's steps each method needs")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def curves_figure(curves: Mapping[str, Mapping[int, Curve]], floor: Mapping[str, Any] | None,
+                  colours: Mapping[str, str], title: str) -> Figure:
+    """Test bits/byte along the stable phase of every run (one line per seed, log steps), the
+    n-gram floors marked."""
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
+    for name in sorted(curves):
+        for i, (seed, (steps, losses)) in enumerate(sorted(curves[name].items())):
+            ax.plot(steps, losses, "o-", ms=3, color=colours.get(name), alpha=0.8,
+                    label=name if i == 0 else None)
+    if floor is not None:
+        for k, ls in (("bigram", "--"), ("trigram", ":")):
+            ax.axhline(float(floor[k]["test"]), color="gray", ls=ls, label=f"{k} floor (test)")
+    ax.set_xscale("log")
+    ax.set_xlabel("optimizer steps (stable phase of the wsd schedule)")
+    ax.set_ylabel("test bits/byte")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def describe(multiplier: pd.DataFrame, ends: pd.DataFrame) -> list[str]:
+    """Sentences computed from the tables: per candidate the multiplier at the first and last
+    target, and at the end of its curve."""
+    out = []
+    for name, g in multiplier.groupby("candidate", sort=True) if len(multiplier) else []:
+        g = g.sort_values("target", ascending=False)
+        a, b = g.iloc[0], g.iloc[-1]
+        bound = " (a lower bound: not every seed got there)" if b.censored else ""
+        out.append(f"{name} needs {a.multiplier:.2f}x dense AdamS's steps to reach "
+                   f"{a.target:.3f} test bits/byte (the bigram floor) and {b.multiplier:.2f}x "
+                   f"[{_num(b.lower)}, {_num(b.upper)}] to reach {b.target:.3f}, AdamS's loss "
+                   f"at the end of its stable phase{bound}.")
+    for r in ends.itertuples() if len(ends) else []:
+        bound = (f"; dense AdamS did not reach it in {r.censored} of the seeds, so this is an "
+                 "upper bound" if r.censored else "")
+        out.append(f"At the end of its stable phase ({r.candidate_steps:.0f} steps) {r.candidate}"
+                   f" has used {r.multiplier:.2f}x [{_num(r.lower)}, {_num(r.upper)}] the steps "
+                   f"dense AdamS needs to reach the same test loss ({r.seeds} seeds{bound}).")
+    return out
+
+
+def _num(x: Any) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{x:.2f}"
