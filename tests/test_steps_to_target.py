@@ -131,3 +131,22 @@ def test_the_published_length_trend_fails_its_lack_of_fit_test_and_is_not_extrap
     assert row.lack_of_fit_F == pytest.approx(199.24, rel=1e-3)
     assert row.lack_of_fit_p < 1e-6
     assert not t.extrapolated.any() and t.get("extrapolated_gap_at") is None
+
+
+def test_the_docs_review_of_the_published_study_is_what_the_code_computes():
+    """docs/scape.md's scaling-review section is regenerated from published/scaling by today's
+    analysis (python -m lmrepro.scape.scaling_review --doc docs/scape.md)."""
+    import json
+    from pathlib import Path
+
+    from lmrepro.scape.scaling_review import BEGIN, END, section
+    from lmrepro.stats import StatsConfig
+
+    root = Path(__file__).resolve().parents[1]
+    pub = root / "published" / "scaling"
+    stats = StatsConfig(**json.loads((pub / "results" / "params.json").read_text())["stats"])
+    doc = (root / "docs" / "scape.md").read_text(encoding="utf-8")
+    in_doc = BEGIN + doc.split(BEGIN, 1)[1].split(END, 1)[0] + END
+    got = section(pub, stats).replace(pub.as_posix(), "published/scaling")
+    assert got == in_doc
+    assert "| 2x64 | 3000 | topk99 (47) | scape90 (98) |" in in_doc

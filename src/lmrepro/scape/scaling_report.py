@@ -119,6 +119,37 @@ def ablation_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def per_byte_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
+    """Quality per byte: at each point, every sparse run against every sparse run that sends
+    more bytes per step (test split, seed-level bounds), with both runs' bytes per step: does
+    the cheaper method lose quality, or tie at fewer bytes?"""
+    rows = []
+    main = runs[(runs.kind == "runs") & runs.method.isin(SPARSE)]
+    for (size, steps), point in main.groupby(["size", "steps"], sort=True):
+        by_run = {name: [load_run(p, p) for p in g.path] for name, g in point.groupby("run")}
+        sent = {name: float(np.mean([_bytes(r) for r in rs])) for name, rs in by_run.items()}
+        for cand in sorted(by_run):
+            for base in sorted(by_run):
+                if sent[base] > sent[cand]:
+                    rows.append({"size": size, "steps": int(steps), "candidate": cand,
+                                 "baseline": base, "candidate_kb_per_step": sent[cand] / 1e3,
+                                 "baseline_kb_per_step": sent[base] / 1e3,
+                                 "candidate_test_bpb": _mean_bpb(by_run[cand]),
+                                 "baseline_test_bpb": _mean_bpb(by_run[base]),
+                                 **paired_test(by_run[base], by_run[cand], stats)})
+    return pd.DataFrame(rows)
+
+
+def _bytes(run: Run) -> float:
+    """Bytes a worker sends per step after the first (the mask's bootstrap step)."""
+    b = run.summary.bytes_per_step_after_step0 or run.summary.bytes_per_step or {}
+    return float(b.get("total", 0.0))
+
+
+def _mean_bpb(runs: list[Run]) -> float:
+    return float(np.mean([np.mean(_losses(r)) / LOG2 for r in runs]))
+
+
 def _ablated_run(run: Run) -> str:
     """The study run an ablation varies (its run config minus the ablation's name)."""
     cfg = run.summary.config.get("run", {})
@@ -172,6 +203,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     tables["trend"] = trend(gaps, to_steps=PAPER_STEPS)
     tables["ablations"] = ablation_table(runs, stats)
     tables["diagnostics"] = diagnostics_table(runs, *verdict)
+    tables["per_byte"] = per_byte_table(runs, stats)
     tables["multiplier"], tables["end_multiplier"] = horizon.multiplier_tables(runs, floor)
     sweep = stage_dir_sweep(stage_dir)
     if sweep is not None:
@@ -367,6 +399,12 @@ DISPLAY: dict[str, dict[str, str]] = {
                    "lower": "multiplier_lower", "upper": "multiplier_upper", "seeds": "seeds",
                    "censored": "not_reached", "baseline_steps": "dense_steps",
                    "candidate_steps": "candidate_steps"},
+    "per_byte": {"size": "size", "steps": "steps", "candidate": "candidate",
+                 "baseline": "baseline", "candidate_kb_per_step": "candidate_kb_per_step",
+                 "baseline_kb_per_step": "baseline_kb_per_step", "seeds": "seeds",
+                 "candidate_test_bpb": "candidate_test_bpb",
+                 "baseline_test_bpb": "baseline_test_bpb", "mean": "gap_mean", "lower": "gap_lower", "upper": "gap_upper",
+                 "verdict": "verdict"},
     "end_multiplier": {"size": "size", "steps": "steps", "candidate": "candidate",
                        "candidate_steps": "candidate_steps", "multiplier": "multiplier",
                        "lower": "multiplier_lower", "upper": "multiplier_upper",
