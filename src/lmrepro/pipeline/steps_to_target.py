@@ -116,7 +116,8 @@ def end_multiplier(base: Mapping[int, Curve], cand: Mapping[int, Curve],
     if not logs:
         return None
     mean, low, high = log_interval(logs, confidence)
-    return {"seeds": len(logs), "censored": censored, "candidate_steps": float(cand[seeds[0]][0][-1]),
+    return {"seeds": len(logs), "censored": censored,
+            "candidate_steps": float(cand[seeds[0]][0][-1]),
             "multiplier": mean, "lower": low, "upper": high,
             "per_seed": [math.exp(v) for v in logs]}
 

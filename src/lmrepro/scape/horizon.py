@@ -106,7 +106,7 @@ def curves_figure(curves: Mapping[str, Mapping[int, Curve]], floor: Mapping[str,
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
     for name in sorted(curves):
-        for i, (seed, (steps, losses)) in enumerate(sorted(curves[name].items())):
+        for i, (_seed, (steps, losses)) in enumerate(sorted(curves[name].items())):
             ax.plot(steps, losses, "o-", ms=3, color=colours.get(name), alpha=0.8,
                     label=name if i == 0 else None)
     if floor is not None:
