@@ -216,6 +216,8 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     point = runs[(runs.kind == "runs") & (runs["size"] == verdict[0])
                  & (runs.steps == verdict[1])]
     records = verdict_records(runs, *verdict, stats, floors) if len(point) else None
+    if records is not None:
+        records = with_multipliers(records, tables["end_multiplier"])
     if records is not None:      # the claims stage reads the verdict point, when it has runs
         atomic_write_json(out_dir / "analysis.json", records.model_dump(mode="json"))
     atomic_write_json(out_dir / "scaling.json", {
@@ -234,6 +236,29 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     for name, fig in figures.items():
         scaling_plots.save(fig, out_dir / f"{name}.png")
     return {"tables": tables, "records": records, "figures": figures, "sweep": sweep}
+
+
+def with_multipliers(records: Any, ends: pd.DataFrame) -> Any:
+    """The verdict point's records with each sparse run's steps-to-target multiplier against
+    dense AdamS (:func:`lmrepro.scape.horizon.multiplier_tables`) added to the caveats of its
+    comparison with AdamS, so the claims show it beside the gap."""
+    if not len(ends):
+        return records
+    by_name = {r.candidate: r for r in ends.itertuples()}
+    out = []
+    for c in records.comparisons:
+        name = c.candidate_runs[0].rsplit("/", 1)[-1] if c.candidate_runs else ""
+        r = by_name.get(name)
+        if r is None or c.baseline_method != "adams":
+            out.append(c)
+            continue
+        bound = "; an upper bound: dense AdamS did not reach it in every seed" if r.censored \
+            else ""
+        text = (f"steps to target: at the end of its stable phase ({r.candidate_steps:.0f} steps)"
+                f" {name} has used {r.multiplier:.2f}x [{r.lower:.2f}, {r.upper:.2f}] the steps "
+                f"dense AdamS needs for the same test loss ({r.seeds} seeds{bound})")
+        out.append(c.model_copy(update={"caveats": [*c.caveats, text]}))
+    return records.model_copy(update={"comparisons": out})
 
 
 def stage_dir_sweep(stage_dir: str | Path) -> dict[str, Any] | None:
