@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from lmrepro.pipeline.runs import load_run
 from lmrepro.pipeline.steps_to_target import Curve, end_multiplier, multiplier_table
@@ -90,6 +91,9 @@ def multiplier_figure(multiplier: pd.DataFrame, floor: Mapping[str, Any] | None,
     ax.axhline(1.0, color="black", lw=0.8)
     ax.invert_xaxis()
     ax.set_yscale("log")
+    times = FuncFormatter(lambda y, _: f"{y:g}x")
+    ax.yaxis.set_major_formatter(times)
+    ax.yaxis.set_minor_formatter(times)
     ax.set_xlabel("target loss, test bits/byte (lower to the right)")
     ax.set_ylabel("steps needed / dense AdamS's steps")
     ax.set_title("Steps to target: how many times dense AdamS's steps each method needs")
