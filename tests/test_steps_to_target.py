@@ -150,3 +150,17 @@ def test_the_docs_review_of_the_published_study_is_what_the_code_computes():
     got = section(pub, stats).replace(pub.as_posix(), "published/scaling")
     assert got == in_doc
     assert "| 2x64 | 3000 | topk99 (47) | scape90 (98) |" in in_doc
+
+
+def test_a_final_loss_is_placed_on_the_baselines_constant_lr_curve_as_a_lower_bound():
+    from lmrepro.pipeline.steps_to_target import final_loss_multiplier
+
+    base = {s: (STEPS, power_law(STEPS)) for s in range(3)}
+    # each candidate ends (after 6400 steps) where the baseline's curve is at 1600 steps
+    finals = {s: (6400, power_law([1600])[0]) for s in range(3)}
+    got = final_loss_multiplier(base, finals)
+    assert got["multiplier"] == pytest.approx(4.0, rel=1e-6) and got["unreached"] == 0
+    # below everything the baseline's curve reaches: no multiplier from that seed
+    finals[2] = (6400, 0.1)
+    got = final_loss_multiplier(base, finals)
+    assert got["seeds"] == 2 and got["unreached"] == 1

@@ -122,6 +122,31 @@ def end_multiplier(base: Mapping[int, Curve], cand: Mapping[int, Curve],
             "per_seed": [math.exp(v) for v in logs]}
 
 
+def final_loss_multiplier(base: Mapping[int, Curve], finals: Mapping[int, tuple[int, float]],
+                          confidence: float = 0.95) -> dict[str, Any] | None:
+    """For each seed, a candidate's final loss after its whole run (``finals``: seed -> (steps,
+    loss), its lr decay included) against the baseline's curve at constant lr: the candidate's
+    steps over the steps that curve needs to reach that loss. A decay would only bring the
+    baseline there sooner, so this is a **lower bound** on the multiplier of two decayed runs.
+    None when the baseline's curve reaches the loss in no seed; seeds where it never gets there
+    are left out and counted (``unreached``)."""
+    logs, unreached, steps = [], 0, []
+    for seed in sorted(set(base) & set(finals)):
+        n, loss = finals[seed]
+        b = crossing(*base[seed], loss)
+        if b is None:
+            unreached += 1
+            continue
+        logs.append(math.log(n / b))
+        steps.append(b)
+    if not logs:
+        return None
+    mean, low, high = log_interval(logs, confidence)
+    return {"seeds": len(logs), "unreached": unreached, "baseline_steps": float(np.mean(steps)),
+            "multiplier": mean, "lower": low, "upper": high,
+            "per_seed": [math.exp(v) for v in logs]}
+
+
 def multiplier_table(curves: Mapping[str, Mapping[int, Curve]], baseline: str, floor: float,
                      n_targets: int = 8, confidence: float = 0.95) -> pd.DataFrame:
     """Every run of ``curves`` (run name -> seed -> curve) but ``baseline`` against it, at

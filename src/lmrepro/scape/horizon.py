@@ -14,7 +14,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from lmrepro.pipeline.runs import load_run
-from lmrepro.pipeline.steps_to_target import Curve, end_multiplier, multiplier_table
+from lmrepro.pipeline.steps_to_target import (Curve, end_multiplier, final_loss_multiplier,
+                                              multiplier_table)
 
 BASELINE = "adams"
 
@@ -43,29 +44,48 @@ def point_curves(runs: pd.DataFrame, split: str = "test"
 
 
 def multiplier_tables(runs: pd.DataFrame, floor: Mapping[str, Any] | None,
-                      n_targets: int = 8) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(multiplier, end_multiplier)``: per point with curves, each run against dense AdamS at
-    targets from the corpus's bigram floor (test split) down to AdamS's loss at the end of its
-    stable phase, and at the end of each candidate's curve."""
+                      n_targets: int = 8) -> dict[str, pd.DataFrame]:
+    """Per point with curves, each run against dense AdamS: ``multiplier`` at targets from the
+    corpus's bigram floor (test split) down to AdamS's loss at the end of its stable phase;
+    ``end_multiplier`` at the end of each candidate's stable phase; ``final_multiplier``: each
+    candidate's final loss (its decay included) on AdamS's constant-lr curve, a lower bound
+    (:func:`lmrepro.pipeline.steps_to_target.final_loss_multiplier`)."""
+    out: dict[str, list[Any]] = {"multiplier": [], "end_multiplier": [], "final_multiplier": []}
     if floor is None:
-        return pd.DataFrame(), pd.DataFrame()
+        return {k: pd.DataFrame() for k in out}
     bigram = float(floor["bigram"]["test"])
-    tables, ends = [], []
+    main = runs[runs.kind == "runs"]
     for (size, steps), curves in sorted(point_curves(runs).items()):
+        if BASELINE not in curves:
+            continue
         t = multiplier_table(curves, BASELINE, bigram, n_targets)
         if len(t):
-            tables.append(t.assign(size=size, steps=steps))
+            out["multiplier"].append(t.assign(size=size, steps=steps))
+        point = main[(main["size"] == size) & (main.steps == steps)]
+        key = {"size": size, "steps": steps, "baseline": BASELINE}
         for name in sorted(curves):
-            if name != BASELINE and BASELINE in curves:
-                e = end_multiplier(curves[BASELINE], curves[name])
-                if e is not None:
-                    ends.append({"size": size, "steps": steps, "candidate": name,
-                                 "baseline": BASELINE, **e})
+            if name == BASELINE:
+                continue
+            e = end_multiplier(curves[BASELINE], curves[name])
+            if e is not None:
+                out["end_multiplier"].append({**key, "candidate": name, **e})
+            finals = {int(r.seed): (int(r.steps), float(r.test_bpb))
+                      for r in point[point.run == name].itertuples() if r.test_bpb is not None}
+            if not finals:
+                continue
+            f = final_loss_multiplier(curves[BASELINE], finals) or {
+                "seeds": 0, "unreached": len(finals), "baseline_steps": np.nan,
+                "multiplier": np.nan, "lower": np.nan, "upper": np.nan, "per_seed": []}
+            out["final_multiplier"].append({
+                **key, "candidate": name, "candidate_steps": steps,
+                "candidate_final_test_bpb": float(np.mean([v[1] for v in finals.values()])), **f})
     first = ["size", "steps", "candidate", "baseline"]
-    multiplier = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    tables = {k: pd.DataFrame(out[k]) for k in ("end_multiplier", "final_multiplier")}
+    multiplier = pd.concat(out["multiplier"], ignore_index=True) if out["multiplier"] \
+        else pd.DataFrame()
     if len(multiplier):
         multiplier = multiplier[first + [c for c in multiplier.columns if c not in first]]
-    return multiplier, pd.DataFrame(ends)
+    return {"multiplier": multiplier, **tables}
 
 
 def multiplier_figure(multiplier: pd.DataFrame, floor: Mapping[str, Any] | None,
@@ -126,9 +146,10 @@ def curves_figure(curves: Mapping[str, Mapping[int, Curve]], floor: Mapping[str,
     return fig
 
 
-def describe(multiplier: pd.DataFrame, ends: pd.DataFrame) -> list[str]:
+def describe(multiplier: pd.DataFrame, ends: pd.DataFrame, finals: pd.DataFrame
+             ) -> list[str]:
     """Sentences computed from the tables: per candidate the multiplier at the first and last
-    target, and at the end of its curve."""
+    target, at the end of its stable phase, and for its final loss."""
     out = []
     for name, g in multiplier.groupby("candidate", sort=True) if len(multiplier) else []:
         g = g.sort_values("target", ascending=False)
@@ -144,7 +165,26 @@ def describe(multiplier: pd.DataFrame, ends: pd.DataFrame) -> list[str]:
         out.append(f"At the end of its stable phase ({r.candidate_steps:.0f} steps) {r.candidate}"
                    f" has used {r.multiplier:.2f}x [{_num(r.lower)}, {_num(r.upper)}] the steps "
                    f"dense AdamS needs to reach the same test loss ({r.seeds} seeds{bound}).")
+    for r in finals.itertuples() if len(finals) else []:
+        out.append(final_text(r))
     return out
+
+
+def final_text(r: Any) -> str:
+    """One row of ``final_multiplier`` in words (the claims' caveat says the same)."""
+    missing = (f"; in {r.unreached} seed(s) AdamS's constant-lr curve never reaches it"
+               if r.unreached else "")
+    if not r.seeds:
+        return (f"{r.candidate}'s final test loss after {r.candidate_steps} steps with its decay "
+                f"({r.candidate_final_test_bpb:.3f} bits/byte) is below every loss dense AdamS "
+                "reaches at constant lr in its stable phase: no multiplier (the final gap "
+                "compares the two decayed runs)")
+    return (f"{r.candidate}'s final test loss after {r.candidate_steps} steps with its decay "
+            f"({r.candidate_final_test_bpb:.3f} bits/byte) is reached by dense AdamS at constant "
+            f"lr, without a decay, after {r.baseline_steps:.0f} steps: {r.candidate} needs at "
+            f"least {r.multiplier:.2f}x [{_num(r.lower)}, {_num(r.upper)}] AdamS's steps for "
+            f"that loss (a lower bound: a decay only brings AdamS there sooner; {r.seeds} "
+            f"seeds{missing}).")
 
 
 def _num(x: Any) -> str:

@@ -204,7 +204,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     tables["ablations"] = ablation_table(runs, stats)
     tables["diagnostics"] = diagnostics_table(runs, *verdict)
     tables["per_byte"] = per_byte_table(runs, stats)
-    tables["multiplier"], tables["end_multiplier"] = horizon.multiplier_tables(runs, floor)
+    tables.update(horizon.multiplier_tables(runs, floor))
     sweep = stage_dir_sweep(stage_dir)
     if sweep is not None:
         tables["sweep"] = pd.DataFrame(sweep["rows"])
@@ -217,7 +217,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
                  & (runs.steps == verdict[1])]
     records = verdict_records(runs, *verdict, stats, floors) if len(point) else None
     if records is not None:
-        records = with_multipliers(records, tables["end_multiplier"])
+        records = with_multipliers(records, tables["final_multiplier"])
     if records is not None:      # the claims stage reads the verdict point, when it has runs
         atomic_write_json(out_dir / "analysis.json", records.model_dump(mode="json"))
     atomic_write_json(out_dir / "scaling.json", {
@@ -239,9 +239,12 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
 
 
 def with_multipliers(records: Any, ends: pd.DataFrame) -> Any:
-    """The verdict point's records with each sparse run's steps-to-target multiplier against
-    dense AdamS (:func:`lmrepro.scape.horizon.multiplier_tables`) added to the caveats of its
-    comparison with AdamS, so the claims show it beside the gap."""
+    """The verdict point's records with each sparse run's steps-to-target multiplier for its
+    final loss against dense AdamS (``final_multiplier`` of
+    :func:`lmrepro.scape.horizon.multiplier_tables`) added to the caveats of its comparison
+    with AdamS, so the claims show it beside the gap."""
+    from lmrepro.scape import horizon
+
     if not len(ends):
         return records
     by_name = {r.candidate: r for r in ends.itertuples()}
@@ -252,11 +255,7 @@ def with_multipliers(records: Any, ends: pd.DataFrame) -> Any:
         if r is None or c.baseline_method != "adams":
             out.append(c)
             continue
-        bound = "; an upper bound: dense AdamS did not reach it in every seed" if r.censored \
-            else ""
-        text = (f"steps to target: at the end of its stable phase ({r.candidate_steps:.0f} steps)"
-                f" {name} has used {r.multiplier:.2f}x [{r.lower:.2f}, {r.upper:.2f}] the steps "
-                f"dense AdamS needs for the same test loss ({r.seeds} seeds{bound})")
+        text = "steps to target: " + horizon.final_text(r)
         out.append(c.model_copy(update={"caveats": [*c.caveats, text]}))
     return records.model_copy(update={"comparisons": out})
 
@@ -357,7 +356,10 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
     if mult is not None and len(mult):
         lines += ["Steps to target (test split, 95 % t interval over seeds; a run's curve is "
                   "its stable phase under the wsd schedule): how many times dense AdamS's "
-                  "steps each method needs to reach a loss:", "",
+                  "steps each method needs to reach a loss. Each method holds its own tuned lr "
+                  "constant here, so a method at a larger lr sits at a higher noise floor "
+                  "until its decay: the sentences above place each final (decayed) loss on "
+                  "AdamS's curve as well.", "",
                   "| size | candidate | target bits/byte | multiplier | [low, high] | seeds | "
                   "not reached |", "|---|---|---:|---:|---|---:|---:|"]
         for r in mult.itertuples():
@@ -399,8 +401,8 @@ def summary_sentences(tables: Mapping[str, pd.DataFrame], verdict: tuple[str, in
             out.append(f"A straight line in log(steps) fails its lack-of-fit test for "
                        f"{len(rejected)} of {len(trend_t)} series (p < 0.05): the gaps are not a "
                        "trend, and none is extrapolated.")
-    out += horizon.describe(tables.get("multiplier", pd.DataFrame()),
-                            tables.get("end_multiplier", pd.DataFrame()))
+    out += horizon.describe(*(tables.get(k, pd.DataFrame()) for k in (
+        "multiplier", "end_multiplier", "final_multiplier")))
     diag = tables.get("diagnostics")
     if diag is not None and len(diag) and "mask_kept" in diag:
         for r in diag.itertuples():
@@ -430,6 +432,11 @@ DISPLAY: dict[str, dict[str, str]] = {
                  "candidate_test_bpb": "candidate_test_bpb",
                  "baseline_test_bpb": "baseline_test_bpb", "mean": "gap_mean",
                  "lower": "gap_lower", "upper": "gap_upper", "verdict": "verdict"},
+    "final_multiplier": {"size": "size", "steps": "steps", "candidate": "candidate",
+                         "candidate_final_test_bpb": "candidate_test_bpb",
+                         "baseline_steps": "dense_steps", "multiplier": "multiplier",
+                         "lower": "multiplier_lower", "upper": "multiplier_upper",
+                         "seeds": "seeds", "unreached": "not_reached"},
     "end_multiplier": {"size": "size", "steps": "steps", "candidate": "candidate",
                        "candidate_steps": "candidate_steps", "multiplier": "multiplier",
                        "lower": "multiplier_lower", "upper": "multiplier_upper",
