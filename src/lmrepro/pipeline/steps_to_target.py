@@ -127,7 +127,8 @@ def final_loss_multiplier(base: Mapping[int, Curve], finals: Mapping[int, tuple[
     """For each seed, a candidate's final loss after its whole run (``finals``: seed -> (steps,
     loss), its lr decay included) against the baseline's curve at constant lr: the candidate's
     steps over the steps that curve needs to reach that loss. A decay would only bring the
-    baseline there sooner, so this is a **lower bound** on the multiplier of two decayed runs.
+    baseline there sooner, so this is a **lower bound** on the multiplier of two decayed runs
+    (as long as a shorter decayed run of the candidate ends higher than its whole run).
     None when the baseline's curve reaches the loss in no seed; seeds where it never gets there
     are left out and counted (``unreached``)."""
     logs, unreached, steps = [], 0, []
