@@ -113,6 +113,45 @@ def test_overlap_hides_the_mask_and_without_it_the_step_grows() -> None:
     assert off["step_s"] - on["step_s"] == pytest.approx(min(on["mask_s"], 1.0))
 
 
+def test_an_overlapped_reduction_hides_behind_the_last_micro_batch_only() -> None:
+    c = S.Cluster(inter=S.Link(0.0, 1e9))
+    o = S.Options(overlap_dense=True)
+    one = S.dense_step(S.Workload(params=1e9, compute_s=3.0), c, o)
+    eight = S.dense_step(S.Workload(params=1e9, compute_s=3.0, micro_batches=8), c, o)
+    assert one["exposed_comm_s"] == pytest.approx(max(0.0, one["comm_s"] - 2.0))
+    assert eight["exposed_comm_s"] == pytest.approx(eight["comm_s"] - 2.0 / 8)
+    with pytest.raises(ParameterError, match="micro_batches"):
+        S.Workload(params=1e9, micro_batches=0)
+
+
+def test_the_network_rate_is_per_node_and_nics_add_up() -> None:
+    w = S.Workload(params=1e9, compute_s=1.0)
+    intra = S.Link(0.0, 150e9)
+    one = S.Cluster(world=32, gpus_per_node=4, inter=S.Link(0.0, 25e9), intra=intra)
+    four = S.Cluster(world=32, gpus_per_node=4, inter=S.Link(0.0, 25e9), intra=intra,
+                     nics_per_node=4)
+    assert S.all_reduce_s(4e9, one) == pytest.approx(2 * 31 / 32 * 4e9 / 25e9)
+    assert S.all_reduce_s(4e9, four) == pytest.approx(S.all_reduce_s(4e9, one) / 4)
+    # 4 GPUs behind one NIC move no more bytes per second than 1 GPU per node
+    single = S.Cluster(world=32, gpus_per_node=1, inter=S.Link(0.0, 25e9))
+    assert S.dense_step(w, one, S.Options())["comm_s"] == pytest.approx(
+        S.dense_step(w, single, S.Options())["comm_s"])
+    with pytest.raises(ParameterError, match="nics_per_node"):
+        S.Cluster(nics_per_node=0)
+
+
+def test_the_selection_cost_adds_to_scape_only() -> None:
+    w = S.Workload(params=1e9, compute_s=1.0)
+    c, o = S.Cluster(), S.Options(sparsity=0.99)
+    base = S.LocalWork.from_hbm(4e12)
+    per_param = S.LocalWork.from_hbm(4e12, selection_s_per_param=1e-10)
+    per_step = S.LocalWork.from_hbm(4e12, selection_s_per_step=0.3)
+    b = S.predict(w, c, o, base)
+    assert S.predict(w, c, o, per_param)["scape_step_s"] == pytest.approx(b["scape_step_s"] + 0.1)
+    assert S.predict(w, c, o, per_step)["scape_step_s"] == pytest.approx(b["scape_step_s"] + 0.3)
+    assert S.predict(w, c, o, per_step)["dense_step_s"] == b["dense_step_s"]
+
+
 def test_wallclock_with_dense_warmup_saves_less_than_the_step() -> None:
     m = P.LLAMA_500M
     c = P.paper_cluster(25.0)
