@@ -159,7 +159,7 @@ def matched_loss(df: pd.DataFrame, column: str = "lm_loss") -> pd.DataFrame:
         lo, hi = _t_interval(rel)
         rows.append({"run": run, "dense_run": g.run_dense.iloc[0], "iterations": block,
                      "n": len(g), "phase": g.phase.iloc[0], "density": float(g.density.median()),
-                     "scape": float(g.scape.mean()), "dense": float(g.dense.mean()),
+                     "scape_loss": float(g.scape.mean()), "dense_loss": float(g.dense.mean()),
                      "rel_diff": float(rel.mean()), "rel_low": lo, "rel_high": hi})
     return pd.DataFrame(rows)
 

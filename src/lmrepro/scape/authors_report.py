@@ -177,6 +177,26 @@ def plot_step_vs_density(ev: dict[str, Any]):  # -> matplotlib Figure
     return fig
 
 
+def short_run(run: str) -> str:
+    """A run's job number (the log's name ends with it), marked when it ran without clipping;
+    a log without one keeps its name."""
+    job = run.rsplit("_", 1)[-1]
+    name = job if job.isdigit() else run
+    return f"{name} (no clip)" if "no_clip_grad" in run else name
+
+
+def display_tables(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The tables as the page shows them: runs named by their job number."""
+    out = {}
+    for name, df in tables.items():
+        df = df.copy()
+        for col in ("run", "dense_run"):
+            if col in df:
+                df[col] = df[col].map(short_run)
+        out[name] = df
+    return out
+
+
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
             for r in df.astype(object).to_dict(orient="records")]
@@ -185,7 +205,7 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 def authors_stage(out_dir: str | Path = "results/steptime") -> dict[str, Any]:
     """The section's tables and figure, written to ``out_dir`` (:data:`OUTPUTS`)."""
     from lmrepro.io import atomic_write_json, atomic_write_text
-    from lmrepro.scape.steptime_report import _save_png
+    from lmrepro.scape.steptime_report import save_png
 
     ev = evidence()
     out = Path(out_dir)
@@ -196,7 +216,7 @@ def authors_stage(out_dir: str | Path = "results/steptime") -> dict[str, Any]:
     for name, df in tables.items():
         atomic_write_text(out / f"authors_{name}.csv", df.to_csv(index=False))
     fig = plot_step_vs_density(ev)
-    _save_png(fig, out / "authors_step_vs_density.png")
+    save_png(fig, out / "authors_step_vs_density.png")
     atomic_write_json(out / "authors_logs.json", {
         "note": "measured in the SCAPE authors' own logs (src/lmrepro/scape/data), and the "
                 "step-time model fitted to them",
