@@ -144,6 +144,7 @@ def test_the_fit_to_the_authors_logs_reproduces_its_inputs_and_predicts_the_rest
 
 
 def test_the_section_takes_its_numbers_from_the_table(tmp_path: Path) -> None:
+    from lmrepro.scape import authors_page as G
     from lmrepro.scape import authors_report as R
 
     ev = R.evidence()
@@ -153,8 +154,8 @@ def test_the_section_takes_its_numbers_from_the_table(tmp_path: Path) -> None:
     target = st[(st.phase == "target") & (st.world_size == 32)].elapsed_ms.median() / 1e3
     assert ev["speedup"]["ratio"] == pytest.approx(dense / target)
     assert f"{dense / target:.2f}x per step" in R.speed_text(ev)
-    out = R.authors_stage(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(R.OUTPUTS)
+    out = G.authors_stage(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(G.OUTPUTS)
     support = out["tables"]["support"]
     assert list(support.claim)[:2] == ["per-step speedup", "whole-run wall-clock"]
     assert "no_clip_grad" in support.set_index("claim").loc["runs that stop early",
