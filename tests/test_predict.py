@@ -189,6 +189,69 @@ def test_cli_contract_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert r["cluster"]["gpus_per_node"] == 4 and r["cluster"]["inter_node_gbit"] == 200
 
 
+def _predict_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["predict", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_default_model_is_llama_1_8b_counted_from_its_shape(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    r = _predict_json(capsys)
+    n, vec = P.LLAMA_1_8B.params()
+    assert r["workload"]["params"] == n > 2.3e9 and r["workload"]["vector_params"] == vec
+    assert r["workload"]["flops_per_token"] == P.LLAMA_1_8B.workload().flops_per_token
+
+
+def test_measured_compute_and_bus_bandwidth_replace_the_assumptions(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    r = _predict_json(capsys, "--paper-model", "Llama-500M", "--compute-s", "0.9",
+                      "--allreduce-busbw-gbyte", "3.5", "--inter-node-latency-us", "0")
+    n = P.LLAMA_500M.params()[0]
+    assert r["dense"]["compute_s"] == 0.9
+    # nccl-tests' busbw is size / time x 2 (p-1)/p: the ring's time is 2 (p-1)/p n / busbw
+    assert r["dense"]["comm_s"] == pytest.approx(2 * 31 / 32 * 4 * n / 3.5e9)
+    two = _predict_json(capsys, "--paper-model", "Llama-500M", "--compute-s", "0.9",
+                        "--allreduce-busbw-gbyte", "3.5", "--inter-node-latency-us", "0",
+                        "--nics-per-node", "2")
+    assert two["dense"]["comm_s"] == pytest.approx(r["dense"]["comm_s"])   # per node: the same
+    assert r["inputs"]["measured"] == ["compute-s", "allreduce-busbw-gbyte"]
+
+
+def test_ranges_give_an_interval_and_the_multiplier_the_time_to_the_same_loss(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    r = _predict_json(capsys, "--mfu", "0.35:0.6", "--inter-node-gbit", "100:400",
+                      "--steps-multiplier", "1.1:1.3")
+    corners = [_predict_json(capsys, "--mfu", m, "--inter-node-gbit", g)["speedup"]
+               for m in ("0.35", "0.6") for g in ("100", "400")]
+    assert r["speedup_interval"] == pytest.approx([min(corners), max(corners)])
+    assert min(corners) < r["speedup"] < max(corners)
+    assert r["time_to_loss_ratio"] == pytest.approx(r["speedup"] / 1.2)
+    assert r["time_to_loss_interval"] == pytest.approx([min(corners) / 1.3, max(corners) / 1.1])
+
+
+def test_at_the_break_even_rate_scape_and_dense_take_as_long(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--paper-model", "Llama-500M", "--sparsity", "0.9", "--selection-s-per-step", "0.2"]
+    even = _predict_json(capsys, *base)["break_even_gbit_per_node"]
+    assert even is not None and 10 < even < 1e4
+    assert _predict_json(capsys, *base, "--inter-node-gbit", f"{even!r}")["speedup"] == \
+        pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("argv,flag", [(["--mfu", "0.6:0.3"], "--mfu"),
+                                       (["--compute-s", "a"], "--compute-s"),
+                                       (["--inter-node-gbit", "200", "--allreduce-busbw-gbyte",
+                                         "3"], "--allreduce-busbw-gbyte"),
+                                       (["--steps-multiplier", "0"], "--steps-multiplier")])
+def test_a_bad_range_or_measured_input_is_one_error_naming_the_flag(argv: list[str],
+                                                                   flag: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "lmrepro", "predict", *argv],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert flag in last and "must" in last
+
+
 @pytest.mark.parametrize("argv,name", [(["--sparsity", "1.5"], "--sparsity"),
                                        (["--sparsity", "1"], "--sparsity"),
                                        (["--world-size", "0"], "--world-size"),
