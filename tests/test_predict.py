@@ -113,6 +113,45 @@ def test_overlap_hides_the_mask_and_without_it_the_step_grows() -> None:
     assert off["step_s"] - on["step_s"] == pytest.approx(min(on["mask_s"], 1.0))
 
 
+def test_an_overlapped_reduction_hides_behind_the_last_micro_batch_only() -> None:
+    c = S.Cluster(inter=S.Link(0.0, 1e9))
+    o = S.Options(overlap_dense=True)
+    one = S.dense_step(S.Workload(params=1e9, compute_s=3.0), c, o)
+    eight = S.dense_step(S.Workload(params=1e9, compute_s=3.0, micro_batches=8), c, o)
+    assert one["exposed_comm_s"] == pytest.approx(max(0.0, one["comm_s"] - 2.0))
+    assert eight["exposed_comm_s"] == pytest.approx(eight["comm_s"] - 2.0 / 8)
+    with pytest.raises(ParameterError, match="micro_batches"):
+        S.Workload(params=1e9, micro_batches=0)
+
+
+def test_the_network_rate_is_per_node_and_nics_add_up() -> None:
+    w = S.Workload(params=1e9, compute_s=1.0)
+    intra = S.Link(0.0, 150e9)
+    one = S.Cluster(world=32, gpus_per_node=4, inter=S.Link(0.0, 25e9), intra=intra)
+    four = S.Cluster(world=32, gpus_per_node=4, inter=S.Link(0.0, 25e9), intra=intra,
+                     nics_per_node=4)
+    assert S.all_reduce_s(4e9, one) == pytest.approx(2 * 31 / 32 * 4e9 / 25e9)
+    assert S.all_reduce_s(4e9, four) == pytest.approx(S.all_reduce_s(4e9, one) / 4)
+    # 4 GPUs behind one NIC move no more bytes per second than 1 GPU per node
+    single = S.Cluster(world=32, gpus_per_node=1, inter=S.Link(0.0, 25e9))
+    assert S.dense_step(w, one, S.Options())["comm_s"] == pytest.approx(
+        S.dense_step(w, single, S.Options())["comm_s"])
+    with pytest.raises(ParameterError, match="nics_per_node"):
+        S.Cluster(nics_per_node=0)
+
+
+def test_the_selection_cost_adds_to_scape_only() -> None:
+    w = S.Workload(params=1e9, compute_s=1.0)
+    c, o = S.Cluster(), S.Options(sparsity=0.99)
+    base = S.LocalWork.from_hbm(4e12)
+    per_param = S.LocalWork.from_hbm(4e12, selection_s_per_param=1e-10)
+    per_step = S.LocalWork.from_hbm(4e12, selection_s_per_step=0.3)
+    b = S.predict(w, c, o, base)
+    assert S.predict(w, c, o, per_param)["scape_step_s"] == pytest.approx(b["scape_step_s"] + 0.1)
+    assert S.predict(w, c, o, per_step)["scape_step_s"] == pytest.approx(b["scape_step_s"] + 0.3)
+    assert S.predict(w, c, o, per_step)["dense_step_s"] == b["dense_step_s"]
+
+
 def test_wallclock_with_dense_warmup_saves_less_than_the_step() -> None:
     m = P.LLAMA_500M
     c = P.paper_cluster(25.0)
@@ -148,6 +187,69 @@ def test_cli_contract_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert {"dense_step_s", "scape_step_s", "speedup"} <= set(r)
     assert r["speedup"] == pytest.approx(r["dense_step_s"] / r["scape_step_s"])
     assert r["cluster"]["gpus_per_node"] == 4 and r["cluster"]["inter_node_gbit"] == 200
+
+
+def _predict_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["predict", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_default_model_is_llama_1_8b_counted_from_its_shape(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    r = _predict_json(capsys)
+    n, vec = P.LLAMA_1_8B.params()
+    assert r["workload"]["params"] == n > 2.3e9 and r["workload"]["vector_params"] == vec
+    assert r["workload"]["flops_per_token"] == P.LLAMA_1_8B.workload().flops_per_token
+
+
+def test_measured_compute_and_bus_bandwidth_replace_the_assumptions(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    r = _predict_json(capsys, "--paper-model", "Llama-500M", "--compute-s", "0.9",
+                      "--allreduce-busbw-gbyte", "3.5", "--inter-node-latency-us", "0")
+    n = P.LLAMA_500M.params()[0]
+    assert r["dense"]["compute_s"] == 0.9
+    # nccl-tests' busbw is size / time x 2 (p-1)/p: the ring's time is 2 (p-1)/p n / busbw
+    assert r["dense"]["comm_s"] == pytest.approx(2 * 31 / 32 * 4 * n / 3.5e9)
+    two = _predict_json(capsys, "--paper-model", "Llama-500M", "--compute-s", "0.9",
+                        "--allreduce-busbw-gbyte", "3.5", "--inter-node-latency-us", "0",
+                        "--nics-per-node", "2")
+    assert two["dense"]["comm_s"] == pytest.approx(r["dense"]["comm_s"])   # per node: the same
+    assert r["inputs"]["measured"] == ["compute-s", "allreduce-busbw-gbyte"]
+
+
+def test_ranges_give_an_interval_and_the_multiplier_the_time_to_the_same_loss(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    r = _predict_json(capsys, "--mfu", "0.35:0.6", "--inter-node-gbit", "100:400",
+                      "--steps-multiplier", "1.1:1.3")
+    corners = [_predict_json(capsys, "--mfu", m, "--inter-node-gbit", g)["speedup"]
+               for m in ("0.35", "0.6") for g in ("100", "400")]
+    assert r["speedup_interval"] == pytest.approx([min(corners), max(corners)])
+    assert min(corners) < r["speedup"] < max(corners)
+    assert r["time_to_loss_ratio"] == pytest.approx(r["speedup"] / 1.2)
+    assert r["time_to_loss_interval"] == pytest.approx([min(corners) / 1.3, max(corners) / 1.1])
+
+
+def test_at_the_break_even_rate_scape_and_dense_take_as_long(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--paper-model", "Llama-500M", "--sparsity", "0.9", "--selection-s-per-step", "0.2"]
+    even = _predict_json(capsys, *base)["break_even_gbit_per_node"]
+    assert even is not None and 10 < even < 1e4
+    assert _predict_json(capsys, *base, "--inter-node-gbit", f"{even!r}")["speedup"] == \
+        pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("argv,flag", [(["--mfu", "0.6:0.3"], "--mfu"),
+                                       (["--compute-s", "a"], "--compute-s"),
+                                       (["--inter-node-gbit", "200", "--allreduce-busbw-gbyte",
+                                         "3"], "--allreduce-busbw-gbyte"),
+                                       (["--steps-multiplier", "0"], "--steps-multiplier")])
+def test_a_bad_range_or_measured_input_is_one_error_naming_the_flag(argv: list[str],
+                                                                   flag: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "lmrepro", "predict", *argv],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert flag in last and "must" in last
 
 
 @pytest.mark.parametrize("argv,name", [(["--sparsity", "1.5"], "--sparsity"),

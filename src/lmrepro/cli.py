@@ -7,6 +7,7 @@
     lmrepro train-scape ...                                      # under torchrun; scape.cli
     lmrepro train-rgc ...                                        # see lmrepro.rgc.cli
     lmrepro predict  [--model-params N ...] [--json]             # step-time model; predict_cli
+    lmrepro authors-logs DIR --out CSV [--provenance JSON]      # Megatron logs; authors_logs
     lmrepro report   [--reports reports]                         # reports/index.html
     lmrepro publish  [--dest published/<profile>]                # a finished run's products
 
@@ -149,10 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     from lmrepro.data import cli as data_cli
     from lmrepro.rgc import cli as rgc_cli
     from lmrepro.scape import cli as scape_cli
-    from lmrepro.scape import predict_cli
+    from lmrepro.scape import authors_logs, predict_cli
 
     data_cli.register(sub, load_params=_load_params)
-    for module in (scape_cli, rgc_cli, predict_cli):
+    for module in (scape_cli, rgc_cli, predict_cli, authors_logs):
         module.register(sub)
     return parser
 

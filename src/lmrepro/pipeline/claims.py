@@ -13,7 +13,10 @@ tolerance), ``not reproduced``, ``inconclusive`` (a :class:`Measured` whose ``re
 None: e.g. a timing difference inside the step-time spread, :func:`timing_verdict`) or ``not
 testable at this scale`` (a quality verdict whose dense baseline is not at least 10 % below the
 corpus's trigram floor: :func:`lmrepro.data.ngram.testable`); a claim with nothing to measure in
-this profile is ``not run``, one that no experiment here can test ``not testable here``.
+this profile is ``not run``, one that no experiment here can test ``not testable here``. A row
+of kind :data:`AUTHORS_LOGS` takes its figure from the papers' authors' own logs, not from a run
+of ours: where it agrees with the claim its verdict says so, ``consistent with the authors'
+logs`` (never ``reproduced``: we did not run it).
 
 Caveats travel with the verdict: the claim's declared caveat, and those its measure computes
 (one seed, too few seeds for the seed-level bound, oversubscribed runs, a timing difference inside
@@ -23,6 +26,7 @@ its spread, ...) go to the claims table, the claims report and the index's "Resu
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,17 +44,20 @@ from lmrepro.pipeline.resources import timing_interval
 
 REPRODUCED = "reproduced"
 DIRECTION_ONLY = "reproduced in direction only"
+CONSISTENT_WITH_LOGS = "consistent with the authors' logs"
 NOT_REPRODUCED = "not reproduced"
 INCONCLUSIVE = "inconclusive"
 NOT_TESTABLE = "not testable at this scale"
 NOT_TESTABLE_HERE = "not testable here"
 NOT_RUN = "not run"
-VERDICTS = (REPRODUCED, DIRECTION_ONLY, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTABLE,
-            NOT_TESTABLE_HERE, NOT_RUN)
+VERDICTS = (REPRODUCED, DIRECTION_ONLY, CONSISTENT_WITH_LOGS, NOT_REPRODUCED, INCONCLUSIVE,
+            NOT_TESTABLE, NOT_TESTABLE_HERE, NOT_RUN)
 #: the measured column of a claim that this profile does not run
 NOT_RUN_TEXT = "not run in this profile"
 #: the ``kind`` of a row that a model predicts at the paper's scale instead of measuring ours
 PREDICTED = "predicted at the paper's scale"
+#: the ``kind`` of a row measured in the papers' authors' own logs (with our model beside it)
+AUTHORS_LOGS = "measured in the authors' logs"
 #: the caveats column joins the caveats with this separator
 CAVEAT_SEPARATOR = "; "
 
@@ -68,7 +75,7 @@ class Measured:
     reproduced: bool | None
     scale: str           # our scale (:func:`lmrepro.pipeline.runs.run_scale`)
     caveats: tuple[str, ...] = ()
-    kind: str = "measured"   # or PREDICTED: a model's figure at the paper's scale
+    kind: str = "measured"   # or PREDICTED, AUTHORS_LOGS: not a run of ours
     testable: bool = True    # False: the models did not learn enough for a quality verdict
     direction_only: bool = False   # reproduced in direction, outside the rule's tolerance
     untestable_here: bool = False  # no experiment of this package can test the claim
@@ -83,6 +90,8 @@ class Measured:
         if self.reproduced is None:
             return INCONCLUSIVE
         if self.reproduced:
+            if self.kind == AUTHORS_LOGS:
+                return CONSISTENT_WITH_LOGS
             return DIRECTION_ONLY if self.direction_only else REPRODUCED
         return NOT_REPRODUCED
 
@@ -280,8 +289,13 @@ def claims_table(records: AnalysisRecords, claims: Sequence[Claim] | None = None
 def verdict_counts(table: pd.DataFrame) -> dict[str, int]:
     """``claims`` (rows) and the number of rows of each verdict (the DVC metric)."""
     counts = table["verdict"].value_counts().to_dict()
-    return {"claims": len(table),
-            **{v.replace(" ", "_"): int(counts.get(v, 0)) for v in VERDICTS}}
+    return {"claims": len(table), **{verdict_key(v): int(counts.get(v, 0)) for v in VERDICTS}}
+
+
+def verdict_key(verdict: str) -> str:
+    """A verdict as a metric key or CSS class word list: its letters and digits, joined by
+    ``_`` (``consistent with the authors' logs`` -> ``consistent_with_the_authors_logs``)."""
+    return "_".join(re.findall(r"[a-z0-9]+", verdict.lower()))
 
 
 def merge_records(by_stage: Mapping[str, AnalysisRecords]) -> AnalysisRecords:

@@ -199,9 +199,8 @@ def results_section(published: str | os.PathLike, link_base: str = "published/re
         "Verdicts: " + ", ".join(f"{k} {n}" for k, n in counts.items()) + ".",
         "",
         *([f"**This run predates the current claim rules** ({stale}): its verdicts were "
-           "reached by the rules of its commit (no n-gram floor, the hierarchical seed "
-           "bootstrap, the old labels); rerun the reference profile and publish it to update "
-           "them.", ""] if stale else []),
+           "reached by the rules of its commit; rerun the reference profile and publish it to "
+           "update them.", ""] if stale else []),
         table_markdown(claims, GLANCE_COLUMNS).rstrip("\n"),
     ]
     return f"{BEGIN}\n" + "\n".join(lines) + f"\n{END}\n"

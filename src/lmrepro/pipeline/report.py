@@ -160,6 +160,7 @@ th{background:#f5f5f5}
 .lmrepro-table td.num{text-align:right;white-space:nowrap}
 td[class*="verdict-"]{min-width:7.5em}
 td.verdict-reproduced{background:#e3f4e6;font-weight:600}
+td.verdict-consistent-with-the-authors-logs{background:#e6eefb;font-weight:600}
 td.verdict-not-reproduced{background:#fbe4e4;font-weight:600}
 td.verdict-inconclusive{background:#fff4d6;font-weight:600}
 td.verdict-not-run{color:#777}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -269,7 +270,7 @@ def table_html(df: pd.DataFrame, columns: Columns = None, *,
         if not numeric and any(len(word) > LONG_WORD for word in value.split()):
             out += " long"        # a checksum or a path: wraps anywhere, not out of its cell
         if name == "verdict" and value:
-            out += " verdict-" + "-".join(value.lower().split())
+            out += " verdict-" + "-".join(re.findall(r"[a-z0-9]+", value.lower()))
         return out
 
     kinds = list(zip(shown.attrs["names"], shown.attrs["numeric"], strict=True))

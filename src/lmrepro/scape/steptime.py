@@ -16,9 +16,11 @@ all-gather ``(p-1)/p`` times):
   all-reduce of ``n/g`` per GPU among the ``p/g`` nodes (the ``g`` of them sharing the node's
   network link), all-gather inside the node.
 
-On a machine with several GPUs per node and one network link per node, a flat ring crosses the
-network once per node: each node's link carries ``2 (p-1)/p * n`` bytes, so the ring's bandwidth
-term uses the inter-node bandwidth per node whenever the job spans more than one node.
+On a machine with several GPUs per node, a flat ring crosses the network once per node: each
+node's links carry ``2 (p-1)/p * n`` bytes, so the ring's bandwidth term uses the network rate
+*per node* whenever the job spans more than one node: the rate of one link times the node's
+link (NIC) count (``Cluster.nics_per_node``; a node with a NIC per GPU sums them). With one NIC
+per node, 4 GPUs per node move no more bytes per second than 1.
 
 A step is ``compute + local optimizer work + blocking communication + the part of asynchronous
 communication not hidden behind compute``. SCAPE's step (arXiv 2607.01678, as this project
@@ -96,11 +98,13 @@ class Cluster:
     peak_flops: float = 989e12
     mfu: float = 0.5
     hbm_bytes_per_s: float = 4e12
+    nics_per_node: int = 1
 
     def __post_init__(self) -> None:
         check(self.world >= 1, "world_size", self.world, "must be an integer >= 1")
-        check(self.gpus_per_node >= 1, "gpus_per_node", self.gpus_per_node,
-              "must be an integer >= 1")
+        for name in ("gpus_per_node", "nics_per_node"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and v >= 1, name, v, "must be an integer >= 1")
         check(self.world % self.gpus_per_node == 0 or self.world < self.gpus_per_node,
               "world_size", self.world, f"must be a multiple of gpus_per_node "
               f"({self.gpus_per_node})")
@@ -116,6 +120,11 @@ class Cluster:
     def nodes(self) -> int:
         return max(1, self.world // self.gpus_per_node)
 
+    @property
+    def net(self) -> Link:
+        """The node's network: ``inter`` (one link) times ``nics_per_node``."""
+        return Link(self.inter.alpha_s, self.inter.bytes_per_s * self.nics_per_node)
+
 
 def all_reduce_s(nbytes: float, c: Cluster, algorithm: str = "ring") -> float:
     """An all-reduce of ``nbytes`` per GPU on ``c`` with ``algorithm`` (:data:`ALGORITHMS`)."""
@@ -124,15 +133,15 @@ def all_reduce_s(nbytes: float, c: Cluster, algorithm: str = "ring") -> float:
     if c.nodes == 1:                       # one node: everything on the intra-node fabric
         return (tree_all_reduce_s if algorithm == "tree" else ring_all_reduce_s)(
             nbytes, p, c.intra)
-    if algorithm == "ring":                # the ring crosses each node's link once
+    if algorithm == "ring":                # the ring crosses each node's network once
         return (2 * (p - g) * c.inter.alpha_s + 2 * (g - 1) * c.intra.alpha_s
-                + 2 * (p - 1) / p * nbytes / c.inter.bytes_per_s)
+                + 2 * (p - 1) / p * nbytes / c.net.bytes_per_s)
     if algorithm == "tree":
-        return tree_all_reduce_s(nbytes, c.nodes, c.inter) + (
+        return tree_all_reduce_s(nbytes, c.nodes, c.net) + (
             ring_all_reduce_s(nbytes, g, c.intra) if g > 1 else 0.0)
     n = c.nodes                            # hierarchical: RS in node, g rings of n/g, AG in node
     inter = (2 * (n - 1) * c.inter.alpha_s
-             + 2 * (n - 1) / n * nbytes / c.inter.bytes_per_s)    # g rings share the link
+             + 2 * (n - 1) / n * nbytes / c.net.bytes_per_s)     # g rings share the network
     return 2 * ring_reduce_scatter_s(nbytes, g, c.intra) + inter
 
 
@@ -143,7 +152,7 @@ def all_gather_s(nbytes_total: float, c: Cluster) -> float:
     if c.nodes == 1:
         return ring_all_gather_s(nbytes_total, p, c.intra)
     return ((p - g) * c.inter.alpha_s + (g - 1) * c.intra.alpha_s
-            + (p - 1) / p * nbytes_total / c.inter.bytes_per_s)
+            + (p - 1) / p * nbytes_total / c.net.bytes_per_s)
 
 
 def reduce_scatter_s(nbytes: float, c: Cluster) -> float:
@@ -157,17 +166,26 @@ class LocalWork:
     parameter, SCAPE's extra per parameter (error feedback, corrected momentum, scatter; its
     owner top-k over ``1/p`` of the parameters folded in on the benchmark), the owner's top-k per
     owned coordinate and the work per kept element (encoding, decoding, gather/scatter).
-    Defaults: memory-bound GPU passes, bytes per element over 4 TB/s of HBM."""
+    Defaults: memory-bound GPU passes, bytes per element over 4 TB/s of HBM.
+
+    ``selection_s_per_param`` and ``selection_s_per_step``: what a SCAPE step costs beyond
+    those passes (the top-k selection kernels, per-tensor launches and copies), per parameter
+    or fixed per step. 0 by default (an assumption: memory passes only); the authors' logs
+    measure it (:mod:`lmrepro.scape.steptime_logs`: their SCAPE step at density ~1 against the
+    model), but not how it scales with the model: per parameter and per step bracket that."""
 
     dense_s_per_param: float = 28 / 4e12
     scape_extra_s_per_param: float = 24 / 4e12
     topk_s_per_owned: float = 16 / 4e12
     s_per_kept: float = 16 / 4e12
+    selection_s_per_param: float = 0.0
+    selection_s_per_step: float = 0.0
 
     @classmethod
-    def from_hbm(cls, hbm_bytes_per_s: float) -> LocalWork:
+    def from_hbm(cls, hbm_bytes_per_s: float, selection_s_per_param: float = 0.0,
+                 selection_s_per_step: float = 0.0) -> LocalWork:
         return cls(28 / hbm_bytes_per_s, 24 / hbm_bytes_per_s, 16 / hbm_bytes_per_s,
-                   16 / hbm_bytes_per_s)
+                   16 / hbm_bytes_per_s, selection_s_per_param, selection_s_per_step)
 
 
 @dataclass(frozen=True)
@@ -175,16 +193,21 @@ class Workload:
     """One training step: ``params`` parameters (``vector_params`` of them in 1-D tensors, sent
     dense by SCAPE), ``tokens_per_step`` in the global batch and the training FLOPs per token
     (default ``6 * params``); ``compute_s`` (forward + backward per GPU), when given, replaces
-    the FLOP estimate (a measured compute time)."""
+    the FLOP estimate (a measured compute time); ``micro_batches`` per rank and step (gradient
+    accumulation: an overlapped reduction can hide only behind the last one's backward pass).
+    """
 
     params: float
     tokens_per_step: float = 1024 * 2048
     flops_per_token: float | None = None
     vector_params: float = 0.0
     compute_s: float | None = None
+    micro_batches: int = 1
 
     def __post_init__(self) -> None:
         check(self.params > 0, "model_params", self.params, "must be > 0")
+        check(isinstance(self.micro_batches, int) and self.micro_batches >= 1, "micro_batches",
+              self.micro_batches, "must be an integer >= 1")
         check(self.tokens_per_step > 0, "tokens_per_step", self.tokens_per_step, "must be > 0")
         check(self.compute_s is None or self.compute_s > 0, "compute_s", self.compute_s,
               "must be > 0 when given")
@@ -251,8 +274,10 @@ def dense_step(w: Workload, c: Cluster, o: Options, local: LocalWork | None = No
     else:   # distributed optimizer: each rank updates 1/p, then the bf16 parameters gathered
         comm = reduce_scatter_s(grad, c) + all_gather_s(w.params * 2, c)
         upd = w.params / c.world * local.dense_s_per_param
-    # an overlapped reduction hides behind the backward pass (2/3 of the compute)
-    exposed = max(0.0, comm - 2 / 3 * comp) if o.overlap_dense else comm
+    # an overlapped reduction (Megatron's --overlap-grad-reduce) starts its buckets during the
+    # last micro-batch's backward pass: it hides behind 2/3 of that micro-batch's compute only
+    hidden = 2 / 3 * comp / w.micro_batches
+    exposed = max(0.0, comm - hidden) if o.overlap_dense else comm
     return {"compute_s": comp, "local_s": upd, "comm_s": comm, "exposed_comm_s": exposed,
             "step_s": comp + upd + exposed}
 
@@ -267,8 +292,10 @@ def scape_step(w: Workload, c: Cluster, o: Options, local: LocalWork | None = No
     k = kept(w, s)
     values = all_reduce_s(k * DTYPE_BYTES[o.payload_dtype], c, o.algorithm)
     mask = all_gather_s(mask_bytes_per_rank(w, s, c.world) * c.world, c) if c.world > 1 else 0.0
-    loc = (w.params * (local.dense_s_per_param + local.scape_extra_s_per_param)
-           + w.params / c.world * local.topk_s_per_owned + k * local.s_per_kept)
+    loc = (w.params * (local.dense_s_per_param + local.scape_extra_s_per_param
+                       + local.selection_s_per_param)
+           + w.params / c.world * local.topk_s_per_owned + k * local.s_per_kept
+           + local.selection_s_per_step)
     exposed_mask = max(0.0, mask - comp) if o.overlap_mask else mask
     return {"compute_s": comp, "local_s": loc, "values_s": values, "mask_s": mask,
             "exposed_mask_s": exposed_mask, "step_s": comp + loc + values + exposed_mask}
@@ -330,12 +357,14 @@ def weak_scaling(w: Workload, c: Cluster, o: Options, worlds: tuple[int, ...] = 
 
 
 def bandwidth_for_speedup(target: float, w: Workload, c: Cluster, o: Options,
-                          lo_gbit: float = 0.01, hi_gbit: float = 1e5) -> float | None:
-    """The inter-node bandwidth (Gbit/s) at which the predicted speedup equals ``target``
-    (speedup falls as bandwidth grows); None when no bandwidth in the range gives it."""
+                          lo_gbit: float = 0.01, hi_gbit: float = 1e5,
+                          local: LocalWork | None = None) -> float | None:
+    """The rate of one network link (Gbit/s; the node has ``c.nics_per_node``) at which the
+    predicted speedup equals ``target`` (speedup falls as bandwidth grows); None when no rate
+    in the range gives it."""
     def s(gbit: float) -> float:
         cc = replace(c, inter=Link(c.inter.alpha_s, gbit * 1e9 / 8))
-        return float(predict(w, cc, o)["speedup"])
+        return float(predict(w, cc, o, local)["speedup"])
 
     if not s(lo_gbit) >= target >= s(hi_gbit):
         return None

@@ -331,7 +331,8 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
              for k, v in r.items()} for r in df.astype(object).to_dict(orient="records")]
 
 
-def _save_png(fig: Figure, path: Path) -> None:
+def save_png(fig: Figure, path: Path) -> None:
+    """``fig`` as a PNG at ``path``, without the software stamp in its metadata."""
     import io
 
     buf = io.BytesIO()
@@ -365,7 +366,7 @@ def steptime_stage(bench_dir: str | Path = BENCH_DIR, out_dir: str | Path = OUT_
     for name, df in (("calibration", tables["calibration"]), ("paper_table", paper),
                      ("scaling", tables["scaling"]), ("speedup_vs_bandwidth", curves)):
         atomic_write_text(out / f"{name}.csv", df.to_csv(index=False))
-    _save_png(fig, out / "speedup_vs_bandwidth.png")
+    save_png(fig, out / "speedup_vs_bandwidth.png")
     return {"calibration": cal, "calibration_note": calibration_note(cal), "tables": tables,
             "curves": curves, "figures": {"speedup_vs_bandwidth": fig}}
 
