@@ -352,7 +352,23 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                          f"[{_pct(r.slope_low)}, {_pct(r.slope_high)}] | "
                          f"{r.lack_of_fit_F:.3g} | {r.lack_of_fit_p:.2g} | {ext} |")
         lines.append("")
-    mult = tables.get("multiplier")
+    lines += _multiplier_lines(tables.get("multiplier"))
+    abl = tables.get("ablations")
+    if abl is not None and len(abl):
+        lines += [f"Ablations at {verdict[0]}, {verdict[1]} steps (test split):", "",
+                  "| ablation | against | seeds | test bits/byte | mean | [L, U] | verdict |",
+                  "|---|---|---:|---:|---:|---|---|"]
+        for r in abl.itertuples():
+            lines.append(f"| {r.ablation} | {r.against} | {r.seeds} | {r.test_bpb:.3f} | "
+                         f"{_pct(getattr(r, 'mean', None))} | [{_pct(getattr(r, 'lower', None))}"
+                         f", {_pct(getattr(r, 'upper', None))}] | {getattr(r, 'verdict', '')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _multiplier_lines(mult: pd.DataFrame | None) -> list[str]:
+    """The README's steps-to-target table (none without curves)."""
+    lines: list[str] = []
     if mult is not None and len(mult):
         lines += ["Steps to target (test split, 95 % t interval over seeds; a run's curve is "
                   "its stable phase under the wsd schedule): how many times dense AdamS's "
@@ -366,17 +382,7 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
             lines.append(f"| {r.size} | {r.candidate} | {r.target:.3f} | {r.multiplier:.2f} | "
                          f"[{r.lower:.2f}, {r.upper:.2f}] | {r.seeds} | {r.censored} |")
         lines.append("")
-    abl = tables.get("ablations")
-    if abl is not None and len(abl):
-        lines += [f"Ablations at {verdict[0]}, {verdict[1]} steps (test split):", "",
-                  "| ablation | against | seeds | test bits/byte | mean | [L, U] | verdict |",
-                  "|---|---|---:|---:|---:|---|---|"]
-        for r in abl.itertuples():
-            lines.append(f"| {r.ablation} | {r.against} | {r.seeds} | {r.test_bpb:.3f} | "
-                         f"{_pct(getattr(r, 'mean', None))} | [{_pct(getattr(r, 'lower', None))}"
-                         f", {_pct(getattr(r, 'upper', None))}] | {getattr(r, 'verdict', '')} |")
-        lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def summary_sentences(tables: Mapping[str, pd.DataFrame], verdict: tuple[str, int]
