@@ -55,6 +55,7 @@ def test_a_candidate_that_never_reaches_the_target_is_censored_to_a_lower_bound(
     (row,) = multiplier_rows(base, cand, [target])
     assert row["censored"] == 2
     assert row["multiplier"] == pytest.approx(6400 / 1600, rel=1e-6)   # last step / baseline's
+    assert math.isnan(row["lower"]) and math.isnan(row["upper"])      # a bound: no interval
 
 
 def test_end_multiplier_is_the_baseline_steps_to_the_candidates_final_loss():

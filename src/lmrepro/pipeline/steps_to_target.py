@@ -9,7 +9,8 @@ target loss T and a seed, ``multiplier = steps_candidate(T) / steps_baseline(T)`
 the unit: the per-seed log multipliers (paired by seed) give a two-sided Student t interval
 (df = seeds - 1) around their mean, reported as a geometric-mean multiplier with its bounds. A
 seed whose candidate never reaches T within its curve is *censored*: its last evaluated step
-stands in, so the reported multiplier is then a lower bound (``censored`` > 0 says so).
+stands in, so the reported multiplier is then a lower bound (``censored`` > 0 says so) and
+no interval is given.
 
 The curves must come from a schedule whose lr at a step does not depend on the run's length
 (warmup-stable-decay, :func:`lmrepro.evaluation.wsd_lr`, read in its stable phase), or every
@@ -90,6 +91,8 @@ def multiplier_rows(base: Mapping[int, Curve], cand: Mapping[int, Curve], target
         if not logs:
             continue
         mean, low, high = log_interval(logs, confidence)
+        if censored:     # the mean is a lower bound: an interval around it would mislead
+            low = high = math.nan
         rows.append({"target": t, "seeds": len(logs), "censored": censored,
                      "baseline_steps": float(np.mean(b_steps)),
                      "candidate_steps": float(np.mean(c_steps)), "multiplier": mean,

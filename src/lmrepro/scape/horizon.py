@@ -154,11 +154,13 @@ def describe(multiplier: pd.DataFrame, ends: pd.DataFrame, finals: pd.DataFrame
     for name, g in multiplier.groupby("candidate", sort=True) if len(multiplier) else []:
         g = g.sort_values("target", ascending=False)
         a, b = g.iloc[0], g.iloc[-1]
-        bound = " (a lower bound: not every seed got there)" if b.censored else ""
-        out.append(f"{name} needs {a.multiplier:.2f}x dense AdamS's steps to reach "
-                   f"{a.target:.3f} test bits/byte (the bigram floor) and {b.multiplier:.2f}x "
-                   f"[{_num(b.lower)}, {_num(b.upper)}] to reach {b.target:.3f}, AdamS's loss "
-                   f"at the end of its stable phase{bound}.")
+        last = (f"at least {b.multiplier:.2f}x (a lower bound: {b.censored} of {b.seeds} seeds "
+                "never got there at constant lr)" if b.censored else
+                f"{b.multiplier:.2f}x [{_num(b.lower)}, {_num(b.upper)}]")
+        out.append(f"{name} needs {a.multiplier:.2f}x [{_num(a.lower)}, {_num(a.upper)}] dense "
+                   f"AdamS's steps to reach {a.target:.3f} test bits/byte (the bigram floor: "
+                   f"leaving the plateau) and {last} to reach {b.target:.3f}, AdamS's loss at "
+                   "the end of its stable phase.")
     for r in ends.itertuples() if len(ends) else []:
         bound = (f"; dense AdamS did not reach it in {r.censored} of the seeds, so this is an "
                  "upper bound" if r.censored else "")

@@ -379,8 +379,10 @@ def _multiplier_lines(mult: pd.DataFrame | None) -> list[str]:
                   "| size | candidate | target bits/byte | multiplier | [low, high] | seeds | "
                   "not reached |", "|---|---|---:|---:|---|---:|---:|"]
         for r in mult.itertuples():
-            lines.append(f"| {r.size} | {r.candidate} | {r.target:.3f} | {r.multiplier:.2f} | "
-                         f"[{r.lower:.2f}, {r.upper:.2f}] | {r.seeds} | {r.censored} |")
+            m, span = (f">= {r.multiplier:.2f}", "(a lower bound)") if r.censored else (
+                f"{r.multiplier:.2f}", f"[{r.lower:.2f}, {r.upper:.2f}]")
+            lines.append(f"| {r.size} | {r.candidate} | {r.target:.3f} | {m} | {span} | "
+                         f"{r.seeds} | {r.censored} |")
         lines.append("")
     return lines
 
