@@ -16,12 +16,15 @@ rule, e.g. ``rgc.horizon = 5: must be an integer in [1, rgc.n_stages = 4]``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from lmrepro.errors import ConfigError, ParameterError
 
@@ -85,6 +88,18 @@ def config_error(err: ValidationError, prefix: str = "", where: str = "") -> Con
     return ConfigError(key, value, format_validation_error(err, prefix, where))
 
 
+def _own_unknown(e: Any) -> bool:
+    """Whether pydantic's error ``e`` is an unknown key of the section being validated (a nested
+    section words its own)."""
+    return e["type"] == "extra_forbidden" and len(e["loc"]) == 1
+
+
+def _as_is(e: Any) -> Any:
+    """Pydantic's error ``e`` as it can be raised again: type, message and context kept."""
+    return {"type": PydanticCustomError(e["type"], e["msg"], e.get("ctx") or {}),
+            "loc": e["loc"], "input": e["input"]}
+
+
 class Section(BaseModel):
     """Base of every configuration class: strict, frozen, no unknown keys, clear errors.
 
@@ -107,6 +122,30 @@ class Section(BaseModel):
                 if old in data:
                     raise field_error(old, data[old], f"this key was renamed: {new}")
         return data
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _name_unknown_keys(cls, data: Any, handler: Callable[[Any], Any]) -> Any:
+        # pydantic says "Extra inputs are not permitted" of a mistyped key: say which key was
+        # meant (the closest field), or which keys there are; every other error unchanged
+        try:
+            return handler(data)
+        except ValidationError as err:
+            errors = err.errors()
+            if not any(_own_unknown(e) for e in errors):
+                raise
+            raise ValidationError.from_exception_data(
+                err.title, [cls._unknown_key(e) if _own_unknown(e) else _as_is(e)
+                            for e in errors]) from None
+
+    @classmethod
+    def _unknown_key(cls, e: Any) -> Any:
+        fields = list(cls.model_fields)
+        near = difflib.get_close_matches(str(e["loc"][0]), fields, n=1)
+        text = (f"unknown key; did you mean {near[0]}?" if near
+                else f"unknown key (allowed: {', '.join(fields)})")
+        return {"type": PydanticCustomError("unknown_key", text), "loc": e["loc"],
+                "input": e["input"]}
 
     def __init__(self, **data: Any) -> None:
         try:
