@@ -8,9 +8,11 @@ the same class (:func:`add_arguments`, :func:`from_arguments`, :func:`to_argv`):
 names, types, defaults and help.
 
 Sections are strict (no coercion: ``'7'`` is not 7, ``yes`` is not 1), frozen and forbid unknown
-keys, so a typo is an error instead of a silently ignored setting. Building one with bad values
-raises :class:`lmrepro.errors.ConfigError` whose message names every key path, the value and the
-rule, e.g. ``rgc.horizon = 5: must be an integer in [1, rgc.n_stages = 4]``.
+keys, so a typo is an error instead of a silently ignored setting, naming the closest valid key
+(``scape.sparsty_start = 0.5: unknown key; did you mean sparsity_start?``). Building one with bad
+values raises :class:`lmrepro.errors.ConfigError` whose message names every key path, the value
+and the rule, e.g. ``rgc.horizon = 5: must be an integer in [1, rgc.n_stages = 4]``; built from
+flags (:func:`from_arguments`), it names the flags instead: ``--horizon = 5: ...``.
 """
 
 from __future__ import annotations
