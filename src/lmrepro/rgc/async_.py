@@ -29,7 +29,11 @@ Data flow of one step (:class:`WorkerStages` is one worker's compute):
   127.0.0.1 per step among the W workers; every replica applies the same mean gradient, in the
   same step (``consensus_staleness`` 0) or s steps later (bounded staleness s: the all-reduce
   runs in the background meanwhile);
-* the parent only collects per-step losses, states for checkpoints, and errors.
+* the parent only collects per-step losses, states for checkpoints, errors, and at the end each
+  worker's timestamped compute events (:mod:`lmrepro.rgc.events`, ``events.json``).
+
+Every activation and gradient between workers is tagged with its step, micro-batch and sending
+stage, and the receiver checks the tag against what it expects (:func:`lmrepro.rgc.wire.untag`).
 
 A worker that raises sends its traceback to the parent, which stops every worker and raises
 :class:`StageWorkerError` naming the stage that was running; a worker that dies without a word
@@ -59,9 +63,10 @@ from lmrepro.model import ByteTransformer
 from lmrepro.results import drop_unpublished, load_part
 from lmrepro.rgc.common import (RunSpec, TrainResult, build_model, checkpoint_state, evaluate,
                                 finish, harness, state_from_bytes, state_to_bytes)
+from lmrepro.rgc import events as events_mod
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.wire import (POLL_S, Failed, Finished, Message, PartSaved, Ready, Started,
-                              StateAfter, StepDone, by_reference, stalled_stage)
+                              StateAfter, StepDone, WorkerEvents, by_reference, stalled_stage)
 from lmrepro.rgc.worker import WorkerArgs, _stage_worker
 from lmrepro.rgc.worker_stages import worker_state_names
 
@@ -198,7 +203,12 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
         parent.load_weights(parent.final)
         if spec.out_dir is not None:
             drop_unpublished(spec.out_dir, end)
-        return finish(cfg, spec, run, template, val_data, end, parent.runtimes)
+        events = events_mod.collect(parent.events)
+        if spec.out_dir is not None:
+            events_mod.write(spec.out_dir, events, run.start)
+        result = finish(cfg, spec, run, template, val_data, end, parent.runtimes)
+        result.events = events
+        return result
 
 
 @dataclass
@@ -224,6 +234,7 @@ class _Parent:
     save_s: dict[int, float] = field(default_factory=dict)    # done -> the slowest save
     steps: dict[int, dict[int, StepDone]] = field(default_factory=dict)
     states: dict[int, dict[int, dict]] = field(default_factory=dict)
+    events: dict[int, Any] = field(default_factory=dict)     # worker -> its flat event array
     last_t: float = 0.0
 
     def collect(self) -> None:
@@ -271,6 +282,8 @@ class _Parent:
             self.states.setdefault(msg.done, {})[msg.worker] = state_from_bytes(msg.payload)
             if len(self.states[msg.done]) == W:
                 self._on_state(msg.done, self.states.pop(msg.done))
+        elif isinstance(msg, WorkerEvents):
+            self.events[msg.worker] = msg.rows
         elif isinstance(msg, PartSaved):
             self.saved.setdefault(msg.done, {})[msg.worker] = msg.seconds
             if len(self.saved[msg.done]) == W:

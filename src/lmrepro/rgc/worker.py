@@ -17,16 +17,19 @@ import torch
 import torch.distributed as dist
 
 from lmrepro.data.batches import sample_batch
-from lmrepro.lifetime import die_with_multiprocessing_parent, fault_point, set_fault_spec
+from lmrepro.lifetime import (die_with_multiprocessing_parent, fault_armed, fault_point,
+                              set_fault_spec)
 from lmrepro.optim.comm import grads_to_flat
 from lmrepro.results import save_part
 from lmrepro.rgc.common import (ConsensusQueue, batch_generator, cadence, lr_at,
                                 make_adamw, micro_batches, set_lr, stage_fault_point,
                                 state_from_bytes, state_to_bytes)
 from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.events import EventLog
 from lmrepro.rgc.stages import decoder_parameters, stage_parameter_names
 from lmrepro.rgc.wire import (Channels, Failed, Finished, MappedBytes, PartSaved, Ready, Started,
-                              StateAfter, StepDone, Stopped, from_wire, received, to_wire)
+                              StateAfter, StepDone, Stopped, WorkerEvents, received, tagged,
+                              untag)
 from lmrepro.rgc.worker_stages import WorkerStages, own_stages_model
 
 
@@ -66,6 +69,13 @@ def _fault_points(stages: list[int], step: int, timeout_s: float, backward: bool
         fault_point(stage_fault_point(k, step, backward), hang_s=10 * timeout_s)
 
 
+def _slip(stage: int, step: int, backward: bool) -> int:
+    """1 when a test armed stage ``stage``'s mislabel fault point at ``step``
+    (:func:`lmrepro.rgc.common.stage_fault_point`): its messages then carry the next step's tag;
+    0 otherwise."""
+    return int(fault_armed(stage_fault_point(stage, step, backward, mislabel=True)))
+
+
 class StageWorker:
     """Worker ``w``'s side of a run: its stages, their optimizers and the decoder replica with
     its consensus, the batch generator (stage 0's worker), and its channels."""
@@ -80,7 +90,8 @@ class StageWorker:
         model = own_stages_model(cfg, self.stages, start["model"])
         model.train()
         self.model = model
-        self.runner = WorkerStages(model, cfg, self.stages)
+        self.events = EventLog()
+        self.runner = WorkerStages(model, cfg, self.stages, self.events)
         self.names = {k: stage_parameter_names(model, self.runner.bounds, k) for k in self.stages}
         self.dec = decoder_parameters(model)
         self.dec_names = [f"decoder.{n}" for n, _ in model.decoder.named_parameters()]
@@ -137,6 +148,7 @@ class StageWorker:
                 self.a.results.put(PartSaved(self.a.w, done, time.perf_counter() - t0))
             elif last_or_ckpt or due.eval_due(done):
                 self.a.results.put(StateAfter(self.a.w, done, state_to_bytes(self.state())))
+        self.a.results.put(WorkerEvents(self.a.w, self.events.rows))
 
     def step(self, step: int) -> None:
         """One step: the forward phase, the backward phase (H > 1), the stages' updates, then
@@ -144,6 +156,7 @@ class StageWorker:
         cfg, runner = self.cfg, self.runner
         waited0 = self.link.waited_s
         runner.current_stage = self.first
+        self.events.at = step
         _fault_points(self.stages, step, cfg.timeout_s)
         set_lr([*self.opts.values(), self.opt_dec], lr_at(cfg, step))
         for opt in [*self.opts.values(), self.opt_dec]:
@@ -178,12 +191,13 @@ class StageWorker:
             if self.first == 0:
                 inp, ym = micro[m]
             else:
-                inp, ym = from_wire(self.link.get(
-                    q["fwd_in"], f"step {step} micro-batch {m} activations from stage "
-                    f"{self.first - 1}", self.first - 1))
+                what = f"step {step} micro-batch {m} activations from stage {self.first - 1}"
+                inp, ym = untag(self.link.get(q["fwd_in"], what, self.first - 1), step, m,
+                                self.first - 1, f"stage {self.first} waiting for {what}")
 
             def send(h: torch.Tensor, m: int = m, ym: torch.Tensor = ym) -> None:
-                self.link.put(q["fwd_out"], to_wire((h, ym)),
+                self.link.put(q["fwd_out"], tagged(step + _slip(last, step, False), m, last,
+                                                   (h, ym)),
                               f"step {step} micro-batch {m} activations to stage {last + 1}",
                               last + 1)
 
@@ -203,9 +217,11 @@ class StageWorker:
         sent = []
         for m in range(self.cfg.micro_batches):
             runner.current_stage = self.last
-            incoming = from_wire(self.link.get(
-                q["bwd_in"], f"step {kept} micro-batch {m} gradient from stage "
-                f"{self.last + 1}", self.last + 1)) if runner.receives_gradients else {}
+            incoming = {}
+            if runner.receives_gradients:
+                what = f"step {kept} micro-batch {m} gradient from stage {self.last + 1}"
+                incoming = untag(self.link.get(q["bwd_in"], what, self.last + 1), kept, m,
+                                 self.last + 1, f"stage {self.last} waiting for {what}")
             out = runner.backward(m, incoming, None if m else before_stage, kept)
             if runner.sends_gradients:
                 self._send_gradient(step, m, out)
@@ -222,8 +238,10 @@ class StageWorker:
         sent when that is past this invocation's last step (they stay in :attr:`sent`)."""
         if self.cfg.runs_ahead and step + self.cfg.consensus_staleness >= self.a.stop_step:
             return
-        self.link.put(self.a.queues["bwd_out"], to_wire(out), f"step {step} micro-batch {m} "
-                      f"gradient to stage {self.first - 1}", self.first - 1)
+        kept = step - self.lag + _slip(self.first, step, True)   # the step of the graph
+        self.link.put(self.a.queues["bwd_out"], tagged(kept, m, self.first, out),
+                      f"step {kept} micro-batch {m} gradient to stage {self.first - 1}",
+                      self.first - 1)
 
     def _consensus(self) -> bool:
         """All-reduce the decoder's readout gradients (sum / K); apply the one due now."""
