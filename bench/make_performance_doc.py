@@ -16,6 +16,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rgc_speedup  # noqa: E402  (bench/, beside this script)
+import rgc_delay  # noqa: E402  (bench/, beside this script)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -437,6 +438,7 @@ def rgc_doc_block(r: dict | None, tvp: dict | None) -> str:
                      f"{sm['rss_read_s'] * 1e3:.3f} ms, RSS + PSS + USS (`smaps_rollup`) "
                      f"{sm['pss_uss_read_s'] * 1e3:.3f} ms per read.\n")
     parts.append(rgc_speedup.section(r, _load("rgc_paper_shape"), _table))
+    parts.append(rgc_delay.section(r, _load("rgc_paper_shape"), _table))
     parts.append(section_rgc_cost(_load("rgc_cost")))
     parts.append(section_rgc_paper_shape(_load("rgc_paper_shape"), "rgc_paper_shape.json"))
     if _load("rgc_paper_shape_16core") is not None:
