@@ -133,7 +133,7 @@ def worker_start(cfg: RGCConfig, w: int, model: ByteTransformer,
 
 
 def _start_workers(cfg: RGCConfig, spec: RunSpec, starts: list[bytes], end: int,
-                   train_data: np.ndarray) -> _Pipeline:
+                   train_data: np.ndarray, kind: str) -> _Pipeline:
     """Start the W workers, with bounded queues between neighbours (forward; backward for
     H > 1)."""
     ctx = _mp_context()
@@ -154,17 +154,18 @@ def _start_workers(cfg: RGCConfig, spec: RunSpec, starts: list[bytes], end: int,
                           by_reference(train_data) if w == 0 else None,
                           None if spec.out_dir is None else str(spec.out_dir), queues,
                           pipe.results, pipe.stop, pipe.finish, pipe.go, pipe.status,
-                          fault_spec())
+                          fault_spec(), kind)
         p = ctx.Process(target=_stage_worker, name=f"rgc-worker-{w}", args=(args,), daemon=True)
         p.start()
         pipe.procs.append(p)
     return pipe
 
 
-def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.ndarray
-                ) -> TrainResult:
+def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.ndarray,
+                kind: str = "rgc") -> TrainResult:
     """Run the async executor; see :func:`lmrepro.rgc.train`. The stage workers' fault points
-    (tests only) are :data:`lmrepro.rgc.common.FAULT_POINT`."""
+    (tests only) are :data:`lmrepro.rgc.common.FAULT_POINT`. ``kind="pipelined_backprop"``:
+    the same workers train global backprop (:mod:`lmrepro.rgc.pipelined`)."""
     template = build_model(cfg, spec.seed)
     ckpt: list[dict[str, Any]] = []
 
@@ -184,7 +185,7 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
         starts = [state_to_bytes(worker_start(cfg, w, template, ckpt[0] if ckpt else None))
                   for w in range(cfg.n_workers)]
         ckpt.clear()
-        pipe = _start_workers(cfg, spec, starts, end, train_data)
+        pipe = _start_workers(cfg, spec, starts, end, train_data, kind)
         del starts
         parent = _Parent(cfg, run, pipe, template, val_data, end, before_workers)
         try:
@@ -301,7 +302,8 @@ class _Parent:
         self.run.checkpoint_time_s += saving
         self.last_t += saving
         losses = {k: v for r in reports.values() for k, v in r.losses.items()}
-        stage_losses = [losses[k] for k in range(self.cfg.n_stages)]
+        # RGC: every stage's local loss; pipelined backprop: the last stage's, the model's own
+        stage_losses = [losses[k] for k in sorted(losses)]
         workers = [reports[w] for w in range(self.cfg.n_workers)]
         self.run.add_time(now - self.last_t)
         self.run.log_step(step, self.run.lr(step), now - self.last_t, {
@@ -371,8 +373,10 @@ def _assemble(cfg: RGCConfig, parts: dict[int, dict]) -> dict[str, Any]:
     for w in range(cfg.n_workers):
         model_state.update(parts[w]["params"])
         optims.update(parts[w]["opt_stages"])
-    model_state.update(parts[0]["decoder"])
-    optims["decoder"] = parts[0]["opt_dec"]
+    # RGC: worker 0 holds the decoder's consensus replica; pipelined backprop: the last worker
+    dec = next(parts[w] for w in range(cfg.n_workers) if "decoder" in parts[w])
+    model_state.update(dec["decoder"])
+    optims["decoder"] = dec["opt_dec"]
     in_flight = {w: parts[w]["in_flight"] for w in range(cfg.n_workers)
                  if "in_flight" in parts[w]}
     return checkpoint_state(model_state, optims, parts[0]["gen_state"],

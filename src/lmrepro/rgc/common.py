@@ -29,7 +29,7 @@ from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import flat_to_grads
 from lmrepro.optim.groups import weight_decay_groups
 from lmrepro.memory import Memory, MemorySampler, memory_fields
-from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.config import MULTI_PROCESS, RGCConfig
 from lmrepro.rgc.roles import RGCMethod
 
 
@@ -280,7 +280,8 @@ class RunSpec:
 
     @property
     def method(self) -> RGCMethod:
-        return RGCMethod.BACKPROP if self.executor == "backprop" else RGCMethod.RGC
+        return (RGCMethod.BACKPROP if self.executor in ("backprop", "pipelined_backprop")
+                else RGCMethod.RGC)
 
     def end(self, cfg: RGCConfig, start: int) -> int:
         """The step this invocation stops before."""
@@ -354,10 +355,11 @@ def summary_fields(cfg: RGCConfig, spec: RunSpec, eval_losses: list[float], peak
                    worker_runtimes: Memory | None = None) -> dict[str, Any]:
     """The run's :class:`RunSummary` fields the harness does not fill in (timing, tokens and
     resume are its own)."""
-    is_async, is_rgc = spec.executor == "async", spec.method == RGCMethod.RGC
+    is_async, is_rgc = spec.executor in MULTI_PROCESS, spec.method == RGCMethod.RGC
     threads = cfg.async_threads if is_async else cfg.single_process_threads
     return {
-        "name": spec.name or (f"rgc-{spec.executor}" if is_rgc else "backprop"),
+        "name": spec.name or (f"rgc-{spec.executor}" if is_rgc else
+                              spec.executor.replace("_", "-")),
         "method": spec.method, "executor": spec.executor, "corpus": spec.corpus,
         "seed": spec.seed, "final_bpb": bits_per_byte(eval_losses),
         **memory_fields(peak), "n_params": n_params,

@@ -20,7 +20,9 @@ from lmrepro.errors import check
 from lmrepro.evaluation import TrainingConfig
 from lmrepro.model import ModelConfig
 
-EXECUTORS = ("sync", "async", "backprop")
+EXECUTORS = ("sync", "async", "backprop", "pipelined_backprop")
+#: the executors that run on worker processes (placement, threads per worker)
+MULTI_PROCESS = ("async", "pipelined_backprop")
 MAX_STALENESS = 8
 
 
@@ -339,7 +341,7 @@ def check_threads(config: RGCConfig, executor: str, cores: int | None = None,
     machine's cores, naming the parameter, the value, the core count and, when the configuration
     declares the budget it was sized for (``rgc.cores``), that budget."""
     machine = cores or os.cpu_count() or 1
-    if executor == "async":
+    if executor in MULTI_PROCESS:
         total, name, value = config.async_threads, "rgc.threads", \
             list(config.worker_threads)
     else:

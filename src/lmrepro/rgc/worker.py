@@ -42,7 +42,7 @@ class WorkerArgs:
     ``bwd_out``; None where it has no neighbour), the results queue, the parent's ``stop``,
     ``finish`` and ``go`` events, the shared wait ``status`` array and the parent's armed fault
     point (:func:`lmrepro.lifetime.fault_spec`: the fork server may have started before a test
-    armed it)."""
+    armed it) and what the worker trains (``kind``: RGC, or the pipelined global backprop)."""
 
     w: int
     cfg_dict: dict[str, Any]
@@ -59,6 +59,7 @@ class WorkerArgs:
     go: Any
     status: Any
     faults: str | None
+    kind: str = "rgc"       # or "pipelined_backprop" (lmrepro.rgc.pipelined)
 
 
 def _fault_points(stages: list[int], step: int, timeout_s: float, backward: bool = False
@@ -300,7 +301,11 @@ def _stage_worker(a: WorkerArgs) -> None:
         if not a.go.wait(timeout=cfg.timeout_s):
             raise TimeoutError(f"the parent did not start the run within "
                                f"{cfg.timeout_s:.0f} s (rgc.timeout_s)")
-        worker = StageWorker(a, cfg)
+        if a.kind == "rgc":
+            worker = StageWorker(a, cfg)
+        else:
+            from lmrepro.rgc.pipelined import PipelinedWorker
+            worker = PipelinedWorker(a, cfg)
         a.results.put(Ready(a.w))
         worker.train()
         a.results.put(Finished(a.w))

@@ -91,9 +91,11 @@ class WorkerStages:
     """
 
     def __init__(self, model: ByteTransformer, cfg: RGCConfig, stages: list[int],
-                 events: EventLog | None = None) -> None:
+                 events: EventLog | None = None, readouts: set[int] | None = None) -> None:
         self.model, self.cfg, self.stages = model, cfg, list(stages)
         self.events = events
+        # the stages that read out (RGC: every one); the others only pass gradients on
+        self.readouts = set(self.stages) if readouts is None else readouts
         self.bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
         self.params = {k: stage_parameters(model, self.bounds, k) for k in self.stages}
         self.scale = 1.0 / cfg.micro_batches
@@ -141,7 +143,7 @@ class WorkerStages:
         stage's activation. Runs the blocks of every stage of this worker first, hands the last
         one's activation to ``send`` (so the next worker starts as early as possible: the
         pipeline's fill is the blocks' forward alone), then reads each stage out. Returns the
-        local losses (nats) of this worker's stages."""
+        local losses (nats) of this worker's stages (of those in ``readouts``)."""
         inputs, outputs, received = [], [], []
         h = x
         for k in self.stages:
@@ -158,11 +160,13 @@ class WorkerStages:
         losses = []
         for k, stage_in, h, x_k in zip(self.stages, inputs, outputs, received):
             self.current_stage = k
-            t0 = self._clock()
-            loss, g_own = readout_backward(self.model, h, y, self.scale)
-            self._log(READOUT, k, step, m, t0)
-            losses.append(loss)
-            own = {window_bottom(k, self.cfg.horizon): g_own}
+            own: dict[int, torch.Tensor] = {}
+            if k in self.readouts:
+                t0 = self._clock()
+                loss, g_own = readout_backward(self.model, h, y, self.scale)
+                self._log(READOUT, k, step, m, t0)
+                losses.append(loss)
+                own = {window_bottom(k, self.cfg.horizon): g_own}
             if self.waits_for_gradient(k):
                 self._kept[(step, k, m)] = Kept(stage_in, h, own, x_k)
             else:
