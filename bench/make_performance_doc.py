@@ -334,7 +334,10 @@ def section_rgc(r: dict | None) -> str:
                  f"{sum(r['threads'])} threads. Backprop *paper ratio*: the paper "
                  f"gives async {pa['async_threads']} threads and backprop "
                  f"{pa['backprop_threads']}; scaled to this machine backprop gets "
-                 f"{pa['backprop_cores_here']:.2f} cores ({pa['how']}).\n")
+                 f"{pa['backprop_cores_here']:.2f} cores ({pa['how']}). Backprop *same "
+                 "layout*: global backprop pipelined over the async run's worker processes and "
+                 "threads (`pipelined_backprop`, docs/rgc.md \"The same-layout control\"; "
+                 "\"-\": not in this benchmark's run).\n")
     rows = []
     for name, x in r["rows"].items():
         m = x["memory_vs_backprop"]
@@ -343,15 +346,18 @@ def section_rgc(r: dict | None) -> str:
                      f"{100 * x['fraction_of_ideal']:.1f} %",
                      f"{100 * r['ideal'][name]['bubble_fraction']:.1f} %",
                      f"{x['vs_backprop_same_cores']:.3f}", f"{x['vs_backprop_paper_ratio']:.3f}",
+                     "-" if x.get("vs_pipelined_backprop") is None
+                     else f"{x['vs_pipelined_backprop']:.3f}",
                      f"{m['pss_ratio']:.2f}", f"{m['rss_ratio']:.2f}",
                      f"{m['pss_candidate_bytes'] / 2**20:.0f}",
                      f"{m['runtimes_bytes'] / 2**20:.0f} / {m['data_bytes'] / 2**20:.0f}"])
     parts.append(_table(["async run", "H", "staleness", "tokens/s", "ideal tokens/s",
                          "measured / ideal", "bubble (ideal)", "x backprop same cores",
-                         "x backprop paper ratio", "PSS x backprop", "RSS x backprop",
+                         "x backprop paper ratio", "x backprop same layout",
+                         "PSS x backprop", "RSS x backprop",
                          "peak PSS MiB", "extra PSS MiB: runtimes / data"], rows))
     rows = []
-    for name in ("backprop", "backprop-paper-ratio", "backprop-1thread"):
+    for name in ("backprop", "backprop-paper-ratio", "backprop-1thread", "pipelined-backprop"):
         x = r["median"].get(name)
         if x is None:
             continue
