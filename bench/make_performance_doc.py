@@ -458,7 +458,8 @@ def section_rgc_cost(r: dict | None) -> str:
     if r is None:
         return ("### Cost table of the training-length study\n\nNot run yet: "
                 "`python bench/bench_rgc_cost.py`.\n")
-    rows = [[x["size"], x["executor"], f"{x['steps_per_s']:.2f}",
+    rows = [[x["size"], x["executor"] + (f" H = {x['horizon']}" if x.get("horizon", 1) > 1
+                                         else ""), f"{x['steps_per_s']:.2f}",
              f"{x['min']:.2f}-{x['max']:.2f}", len(x["repeats"]),
              " + ".join(f"{v:.2f}" for v in x["pair_steps_per_s_each"])] for x in r["rows"]]
     return ("### Cost table of the training-length study (`bench/bench_rgc_cost.py`, "
