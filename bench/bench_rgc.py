@@ -319,8 +319,10 @@ def main_bench(args: argparse.Namespace) -> int:
     t_begin = time.perf_counter()
     variants = {"async": cfg, "async-stale1": cfg.replace(consensus_staleness=1),
                 "async-H2": cfg.replace(horizon=2), f"async-H{K}": cfg.replace(horizon=K),
-                # running ahead at H = 2 (docs/rgc.md)
-                "async-H2-stale1": cfg.replace(horizon=2, consensus_staleness=1)}
+                # running ahead at H = 2 and K (docs/rgc.md): with the others, every (H, s)
+                # of the horizon study's frontier (rgc.scaling_report.frontier_table)
+                "async-H2-stale1": cfg.replace(horizon=2, consensus_staleness=1),
+                f"async-H{K}-stale1": cfg.replace(horizon=K, consensus_staleness=1)}
     if args.quick:
         variants = {"async": cfg}
     # 1 + 2: stage compute alone, per horizon and thread count; the all-reduce
@@ -345,8 +347,11 @@ def main_bench(args: argparse.Namespace) -> int:
     bp_same = cfg.replace(backprop_threads=cfg.async_threads)
     bp_one = cfg.replace(backprop_threads=1)
     quota_cores = cfg.async_threads * PAPER_BACKPROP_THREADS / PAPER_ASYNC_THREADS
+    # the same-layout control: global backprop on the async placement and threads
+    # (lmrepro.rgc.pipelined), so the ratio to async RGC is RGC's decoupling alone
     runs: dict[str, list[dict]] = {n: [] for n in [*variants, "backprop", "backprop-1thread",
-                                                   "backprop-paper-ratio"]}
+                                                   "backprop-paper-ratio",
+                                                   "pipelined-backprop"]}
     with cpu_quota(quota_cores) as cg:
         for rep in range(args.repeats):
             order = list(runs)
@@ -357,6 +362,8 @@ def main_bench(args: argparse.Namespace) -> int:
                     r = run_isolated(bp_same.to_dict(), "backprop")
                 elif name == "backprop-1thread":
                     r = run_isolated(bp_one.to_dict(), "backprop")
+                elif name == "pipelined-backprop":
+                    r = run_isolated(cfg.to_dict(), "pipelined_backprop")
                 else:
                     if cg is None:
                         continue
@@ -383,6 +390,9 @@ def main_bench(args: argparse.Namespace) -> int:
             "vs_backprop_same_cores": m["tokens_per_s"] / med["backprop"]["tokens_per_s"],
             "vs_backprop_paper_ratio":
                 m["tokens_per_s"] / med["backprop-paper-ratio"]["tokens_per_s"],
+            "vs_pipelined_backprop":
+                m["tokens_per_s"] / med["pipelined-backprop"]["tokens_per_s"]
+                if "pipelined-backprop" in med else None,
             "memory_vs_backprop": memory_split(
                 {**runs[name][0], **{k: int(m[k]) for k in ("peak_rss_bytes", "peak_pss_bytes",
                                                              "peak_uss_bytes")}},

@@ -6,9 +6,11 @@ and each executor the study runs (``sync`` RGC, which computes what ``async`` do
 embedded corpus, and prints steps/s (median and range over the repeats; the first step of each
 repeat is excluded by the harness's clock). The study trains 2 such runs at once on 2 cores,
 so its throughput is about twice one run's (measured here too, with ``--pair``: two runs
-started together).
+started together). ``--horizons 1 2 4`` adds sync RGC at those horizons (the horizon study's
+runs; docs/rgc.md, "Quality against the horizon").
 
     python bench/bench_rgc_cost.py                      # -> bench/results/rgc_cost.json
+    python bench/bench_rgc_cost.py --sizes 4x64 8x64 --horizons 1 2 4
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 SIZES = {"4x64": (4, 64, 2), "4x96": (4, 96, 4), "8x64": (8, 64, 2), "8x128": (8, 128, 4)}
 
 
-def one(size: str, executor: str, steps: int) -> float:
+def one(size: str, executor: str, steps: int, horizon: int = 1) -> float:
     """Steps per second of one run (training clock)."""
     import numpy as np
     import torch
@@ -36,7 +38,8 @@ def one(size: str, executor: str, steps: int) -> float:
     torch.set_num_threads(1)
     layers, width, heads = SIZES[size]
     cfg = RGCConfig(model=ModelConfig(n_layers=layers, d_model=width, n_heads=heads, context=128),
-                    n_stages=4, batch_size=16, micro_batches=4, steps=steps, warmup_steps=1,
+                    n_stages=4, horizon=horizon, batch_size=16, micro_batches=4, steps=steps,
+                    warmup_steps=1,
                     eval_batches=1, eval_batch_size=8, checkpoint_every=0,
                     backprop_threads=1)
     root = REPO / "data" / "prepared" / "shakespeare"
@@ -45,7 +48,7 @@ def one(size: str, executor: str, steps: int) -> float:
     return res.tokens_per_s / (cfg.batch_size * cfg.model.context)
 
 
-def _one_star(args: tuple[str, str, int]) -> float:
+def _one_star(args: tuple[str, str, int, int]) -> float:
     return one(*args)
 
 
@@ -54,24 +57,26 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", nargs="+", default=list(SIZES))
+    ap.add_argument("--horizons", nargs="+", type=int, default=[1],
+                    help="sync RGC's horizons (backprop has none)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "rgc_cost.json"))
     args = ap.parse_args()
     ctx = multiprocessing.get_context("spawn")
     rows = []
     with ctx.Pool(2) as pool:
         for size in args.sizes:
-            for executor in ("sync", "backprop"):
-                alone = [pool.apply(one, (size, executor, args.steps))
+            for executor, h in [("sync", h) for h in args.horizons] + [("backprop", 1)]:
+                alone = [pool.apply(one, (size, executor, args.steps, h))
                          for _ in range(args.repeats)]
                 t0 = time.perf_counter()
-                pair = pool.map(_one_star, [(size, executor, args.steps)] * 2)
+                pair = pool.map(_one_star, [(size, executor, args.steps, h)] * 2)
                 pair_wall = time.perf_counter() - t0
-                row = {"size": size, "executor": executor, "steps": args.steps,
+                row = {"size": size, "executor": executor, "horizon": h, "steps": args.steps,
                        "steps_per_s": statistics.median(alone), "min": min(alone),
                        "max": max(alone), "repeats": alone,
                        "pair_steps_per_s_each": pair, "pair_wall_s": pair_wall}
                 rows.append(row)
-                print(f"{size:6s} {executor:8s} alone {row['steps_per_s']:6.2f} steps/s "
+                print(f"{size:6s} {executor:8s} H{h} alone {row['steps_per_s']:6.2f} steps/s "
                       f"[{row['min']:.2f}, {row['max']:.2f}] (n={args.repeats}); two at once "
                       f"{pair[0]:.2f} + {pair[1]:.2f}", flush=True)
     Path(args.out).write_text(json.dumps({"rows": rows, "threads": 1,

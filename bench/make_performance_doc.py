@@ -16,6 +16,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rgc_speedup  # noqa: E402  (bench/, beside this script)
+import rgc_delay  # noqa: E402  (bench/, beside this script)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -333,7 +334,10 @@ def section_rgc(r: dict | None) -> str:
                  f"{sum(r['threads'])} threads. Backprop *paper ratio*: the paper "
                  f"gives async {pa['async_threads']} threads and backprop "
                  f"{pa['backprop_threads']}; scaled to this machine backprop gets "
-                 f"{pa['backprop_cores_here']:.2f} cores ({pa['how']}).\n")
+                 f"{pa['backprop_cores_here']:.2f} cores ({pa['how']}). Backprop *same "
+                 "layout*: global backprop pipelined over the async run's worker processes and "
+                 "threads (`pipelined_backprop`, docs/rgc.md \"The same-layout control\"; "
+                 "\"-\": not in this benchmark's run).\n")
     rows = []
     for name, x in r["rows"].items():
         m = x["memory_vs_backprop"]
@@ -342,15 +346,18 @@ def section_rgc(r: dict | None) -> str:
                      f"{100 * x['fraction_of_ideal']:.1f} %",
                      f"{100 * r['ideal'][name]['bubble_fraction']:.1f} %",
                      f"{x['vs_backprop_same_cores']:.3f}", f"{x['vs_backprop_paper_ratio']:.3f}",
+                     "-" if x.get("vs_pipelined_backprop") is None
+                     else f"{x['vs_pipelined_backprop']:.3f}",
                      f"{m['pss_ratio']:.2f}", f"{m['rss_ratio']:.2f}",
                      f"{m['pss_candidate_bytes'] / 2**20:.0f}",
                      f"{m['runtimes_bytes'] / 2**20:.0f} / {m['data_bytes'] / 2**20:.0f}"])
     parts.append(_table(["async run", "H", "staleness", "tokens/s", "ideal tokens/s",
                          "measured / ideal", "bubble (ideal)", "x backprop same cores",
-                         "x backprop paper ratio", "PSS x backprop", "RSS x backprop",
+                         "x backprop paper ratio", "x backprop same layout",
+                         "PSS x backprop", "RSS x backprop",
                          "peak PSS MiB", "extra PSS MiB: runtimes / data"], rows))
     rows = []
-    for name in ("backprop", "backprop-paper-ratio", "backprop-1thread"):
+    for name in ("backprop", "backprop-paper-ratio", "backprop-1thread", "pipelined-backprop"):
         x = r["median"].get(name)
         if x is None:
             continue
@@ -437,6 +444,7 @@ def rgc_doc_block(r: dict | None, tvp: dict | None) -> str:
                      f"{sm['rss_read_s'] * 1e3:.3f} ms, RSS + PSS + USS (`smaps_rollup`) "
                      f"{sm['pss_uss_read_s'] * 1e3:.3f} ms per read.\n")
     parts.append(rgc_speedup.section(r, _load("rgc_paper_shape"), _table))
+    parts.append(rgc_delay.section(r, _load("rgc_paper_shape"), _table))
     parts.append(section_rgc_cost(_load("rgc_cost")))
     parts.append(section_rgc_paper_shape(_load("rgc_paper_shape"), "rgc_paper_shape.json"))
     if _load("rgc_paper_shape_16core") is not None:
@@ -450,7 +458,8 @@ def section_rgc_cost(r: dict | None) -> str:
     if r is None:
         return ("### Cost table of the training-length study\n\nNot run yet: "
                 "`python bench/bench_rgc_cost.py`.\n")
-    rows = [[x["size"], x["executor"], f"{x['steps_per_s']:.2f}",
+    rows = [[x["size"], x["executor"] + (f" H = {x['horizon']}" if x.get("horizon", 1) > 1
+                                         else ""), f"{x['steps_per_s']:.2f}",
              f"{x['min']:.2f}-{x['max']:.2f}", len(x["repeats"]),
              " + ".join(f"{v:.2f}" for v in x["pair_steps_per_s_each"])] for x in r["rows"]]
     return ("### Cost table of the training-length study (`bench/bench_rgc_cost.py`, "

@@ -167,6 +167,10 @@ def test_a_report_shows_its_figures_and_no_noise(tmp_path: Path) -> None:
     for noise in ("LOGNOISE", "ROOTNOISE", "WARNNOISE", "BARNOISE", "it/s", "IProgress"):
         assert noise not in page, noise
     assert "LOGNOISE" in proc.stderr and "BARNOISE" in proc.stderr and "WARNNOISE" in proc.stderr
+    # ... and nothing of the kernel's own: no warning of unencrypted TCP (it has Unix sockets),
+    # no traceback or pending task of its shutdown
+    for noise in ("[IPKernelApp]", "Traceback", "Task was destroyed"):
+        assert noise not in proc.stderr, proc.stderr[-3000:]
     # code input hidden in every cell; parameter cells gone; empty cells gone
     assert "HIDDENCODE" not in page and "NOOUTPUT" not in page
     assert "BARNOISE" not in page and "params_file" not in page.split("<main>")[1]
@@ -185,6 +189,18 @@ def test_a_report_shows_its_figures_and_no_noise(tmp_path: Path) -> None:
     assert executed["metadata"]["papermill"]["duration"] > 0
     # the executed notebook keeps the code
     assert any("HIDDENCODE" in source(c) for c in executed["cells"])
+
+
+def test_the_kernel_talks_over_private_unix_sockets(tmp_path: Path) -> None:
+    """The kernel's channels are Unix sockets in the run's scratch directory; where those paths
+    would not fit a socket address, TCP (jupyter's default)."""
+    from lmrepro.pipeline.notebook import SOCKET_PATH_MAX, kernel_transport
+
+    assert kernel_transport(tmp_path) == {"transport": "ipc", "ip": str(tmp_path / "kernel")}
+    deep = tmp_path / ("d" * (SOCKET_PATH_MAX - len(str(tmp_path)) - len("/kernel")))
+    assert kernel_transport(deep) == {}
+    fits = tmp_path / ("d" * (SOCKET_PATH_MAX - len(str(tmp_path)) - len("/kernel-99") - 1))
+    assert kernel_transport(fits)["transport"] == "ipc"
 
 
 def write_runs(proj: Path) -> None:

@@ -1071,6 +1071,17 @@ def _notebook(path: Path, source: str) -> Path:
     return path
 
 
+#: a line of the runner's own log (lmrepro's logging format): its progress and papermill's
+_RUNNER_LOG = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ INFO (lmrepro\.[\w.]+|papermill): ")
+
+
+def _foreign_lines(stderr: str) -> list[str]:
+    """Lines of a notebook run's stderr that are neither our one-line error nor the runner's
+    log: a kernel's warnings, tracebacks of its shutdown, asyncio's complaints."""
+    return [line for line in stderr.splitlines()
+            if not line.startswith("lmrepro: error:") and not _RUNNER_LOG.match(line)]
+
+
 @pytest.mark.slow
 def test_a_notebook_failing_on_our_own_error_is_one_line(tmp_path):
     nb = _notebook(tmp_path / "nb.ipynb", "from lmrepro.runlock import RunDirectoryBusy\n"
@@ -1085,6 +1096,7 @@ def test_a_notebook_failing_on_our_own_error_is_one_line(tmp_path):
                       "writer per run directory: wait for that run to end (or stop it), then "
                       "run again"], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+    assert _foreign_lines(proc.stderr) == [], proc.stderr[-3000:]
     # a bad parameter file given to a notebook (as every stage notebook reads it)
     bad = _variant(tmp_path, lambda r: r["model"].__setitem__("n_layers", "7"))
     nb = _notebook(tmp_path / "params.ipynb", "from lmrepro.pipeline.params import load_params\n"
@@ -1097,6 +1109,44 @@ def test_a_notebook_failing_on_our_own_error_is_one_line(tmp_path):
     assert errors == [f"lmrepro: error: {nb} failed: ConfigError: {bad} (profile 'default'): "
                       "model.n_layers = '7': must be a valid integer"], proc.stderr[-3000:]
     assert not (tmp_path / "reports" / "params.html").exists()
+
+
+@pytest.mark.slow
+def test_the_kernel_is_ended_without_an_interrupt(tmp_path):
+    """``lmrepro notebook`` ends its kernel with a shutdown request only: jupyter_client's
+    SIGINT first would land in whatever handler the kernel is still finishing (on a loaded
+    machine, the reply to papermill's last request) and escape it with a traceback. Here the
+    kernel is made slow at that point, between a reply and restoring its SIGINT handler, for
+    every request after the failing cell; that handler must never see a KeyboardInterrupt."""
+    marks = tmp_path / "handler.log"
+    nb = _notebook(tmp_path / "slow.ipynb", textwrap.dedent(f"""\
+        import time
+        from ipykernel.kernelapp import IPKernelApp
+        from lmrepro.runlock import RunDirectoryBusy
+
+        kernel = IPKernelApp.instance().kernel
+        restore_sigint = kernel.post_handler_hook
+
+        def slow_post_handler_hook():
+            with open({str(marks)!r}, "a") as log:
+                log.write("handler end\\n")
+                try:
+                    time.sleep(2.0)
+                except KeyboardInterrupt:
+                    log.write("interrupted\\n")
+                    raise
+            restore_sigint()
+
+        kernel.post_handler_hook = slow_post_handler_hook
+        raise RunDirectoryBusy('results/x/runs', 'PID 123 (lmrepro notebook)')
+        """))
+    proc = subprocess.run([PY, "-m", "lmrepro", "notebook", str(nb), "--reports",
+                           str(tmp_path / "reports")], cwd=ROOT, capture_output=True, text=True,
+                          env=env(), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    # the failing cell's request and papermill's closing kernel_info request
+    assert marks.read_text().splitlines() == ["handler end", "handler end"]
+    assert _foreign_lines(proc.stderr) == [], proc.stderr[-3000:]
 
 
 @pytest.mark.slow

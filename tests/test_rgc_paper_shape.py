@@ -111,3 +111,35 @@ def test_saving_parts_to_files_keeps_the_snapshot_out_of_the_parent() -> None:
 
     with pytest.raises(ParameterError, match="via"):
         ba.async_account(cfg, via="pipe")
+
+
+@pytest.mark.parametrize("spw, horizon, whole, per_hop", [
+    ([2, 2], 2, [1, 1, 0, 0], [0, 1, 0, 0]),          # the benchmark's placement
+    ([1, 1, 1, 1], 2, [3, 2, 1, 0], [1, 1, 1, 0]),    # the paper's: stage 0 3s against s
+    ([1, 1, 1, 1], 3, [3, 2, 1, 0], [2, 2, 1, 0]),
+    ([1, 1, 1, 1], 4, [3, 2, 1, 0], [3, 2, 1, 0]),    # H = K: every gradient crosses every hop
+    ([1, 3], 2, [1, 0, 0, 0], [1, 0, 0, 0]),
+])
+def test_per_hop_delays_add_only_the_boundaries_within_the_horizon(
+        spw: list[int], horizon: int, whole: list[int], per_hop: list[int]) -> None:
+    cfg = tiny(n_stages=4, stages_per_worker=spw, horizon=horizon, consensus_staleness=1,
+               steps=10)
+    assert ba.gradient_delays(cfg, "whole") == whole == cfg.stage_gradient_delays
+    assert ba.gradient_delays(cfg, "per_hop") == per_hop
+    assert ba.gradient_delays(cfg.replace(consensus_staleness=0), "per_hop") == [0] * 4
+    assert ba.gradient_delays(cfg.replace(consensus_staleness=2), "per_hop") == \
+        [2 * d for d in per_hop]
+    a, b = ba.async_account(cfg), ba.async_account(cfg, delay_rule="per_hop")
+    for w, stages in enumerate(cfg.placement):
+        kept = [(cfg.micro_batches * (d + 1) if k < 3 else 1) * ba.stage_saved_bytes(cfg, k)
+                for k, d in ((k, per_hop[k]) for k in stages)]
+        assert b["workers"][w]["bytes"]["activations_kept"] == sum(kept)
+        assert b["workers"][w]["bytes"]["stashed_weights"] == sum(
+            ba.FLOAT * ba.stage_parameters(cfg, k) * (per_hop[k] + 1) for k in stages
+            if per_hop[k] > 0)
+    # per hop never holds more; at H = K it is the same schedule
+    assert b["total"] <= a["total"] and (b["total"] == a["total"]) == (horizon == 4)
+    from lmrepro.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="delay rule"):
+        ba.gradient_delays(cfg, "hop")

@@ -209,3 +209,69 @@ def test_the_analysis_pairs_each_rgc_run_with_backprop_by_seed_on_the_test_split
     section = (tmp_path / "an" / "readme_section.md").read_text()
     assert "| a | 4 | rgc |" in section and "not extrapolated" in section
     assert {"gap_vs_length", "verdict_curves"} <= set(got["figures"])
+
+
+def test_a_run_sets_its_own_horizon_and_a_run_that_cannot_be_is_refused() -> None:
+    from lmrepro.rgc.scaling import run_config
+
+    runs = [*_study()["runs"], {"name": "rgc_H2", "executor": "sync", "horizon": 2,
+                                "consensus_staleness": 1, "lr": 0.003}]
+    suite = _suite(runs=runs)
+    study = suite.scaling
+    assert study is not None
+    h2 = run_config(suite.config, study.sizes["a"], study.runs[3], 1000, 0.05, 1)
+    assert (h2.horizon, h2.consensus_staleness, h2.stage_gradient_delays) == (2, 1, [1, 1, 0, 0])
+    assert run_config(suite.config, study.sizes["a"], study.runs[0], 1000, 0.05, 1).horizon == 1
+    with pytest.raises(ConfigError, match=r"scaling\.runs\[3\] \(rgc_H5\).*horizon.*n_stages"):
+        _suite(runs=[*runs[:3], {"name": "rgc_H5", "executor": "sync", "horizon": 5,
+                                 "lr": 0.003}])
+    # running ahead by 2 steps at the shortest length (2 steps): stage 0 would never learn
+    with pytest.raises(ConfigError, match=r"scaling\.runs\[3\] \(rgc_H2\).*size a"):
+        _suite(runs=[*runs[:3], {**runs[3], "consensus_staleness": 2}], lengths={"a": [2, 4]})
+
+
+def test_the_frontier_puts_each_runs_gap_beside_the_benchmarks_throughput_at_its_h_and_s(
+        prepared: Path, tmp_path: Path) -> None:
+    """RGC at H = 1 and 2, lockstep and running ahead, against backprop: the frontier table
+    reads each run's H and s from its summary and the benchmark's async/backprop ratio at the
+    same (H, s); a pair the benchmark did not run has none."""
+    import pandas as pd
+
+    from lmrepro.data.ngram import corpus_floor
+    from lmrepro.rgc.scaling import scaling_stage
+    from lmrepro.rgc.scaling_report import frontier_figure, frontier_table, write_analysis
+    from lmrepro.stats import StatsConfig
+
+    runs = [{"name": "rgc", "executor": "sync", "lr": 0.003},
+            {"name": "rgc_H2", "executor": "sync", "horizon": 2, "lr": 0.003},
+            {"name": "rgc_H2_stale1", "executor": "sync", "horizon": 2,
+             "consensus_staleness": 1, "lr": 0.003},
+            {"name": "backprop", "executor": "backprop", "lr": 0.003}]
+    suite = _suite(runs=runs, sweep_factors=[], lengths={"a": [3]}, seeds={"a": [0, 1]})
+    out = scaling_stage(suite, prepared, tmp_path / "st")
+    assert read_summary(out["a/L3/rgc_H2_stale1/seed0"]).details.stage_gradient_delay == \
+        [1, 1, 0, 0]
+    got = write_analysis(tmp_path / "st", tmp_path / "an", StatsConfig(n_resamples=200),
+                         suite.scaling, {"c": corpus_floor(prepared / "c")}, "c")
+    front = got["tables"]["frontier"]
+    assert list(zip(front.candidate, front.horizon, front.consensus_staleness)) == [
+        ("rgc", 1, 0), ("rgc_H2", 2, 0), ("rgc_H2_stale1", 2, 1)]
+    gaps = got["tables"]["gaps"].set_index("candidate")
+    assert list(front["mean"]) == [gaps.loc[c, "mean"] for c in front.candidate]
+    assert "frontier" in got["figures"]
+    bench = {"config": {"model": {"n_layers": 8, "d_model": 128}}, "placement": [[0, 1], [2, 3]],
+             "threads": [1, 1], "rows": {
+                 "async": {"horizon": 1, "consensus_staleness": 0, "vs_backprop_same_cores": 1.18},
+                 "async-H2-stale1": {"horizon": 2, "consensus_staleness": 1,
+                                     "vs_backprop_same_cores": 1.106}}}
+    runs_df = pd.DataFrame(got["tables"]["runs"])
+    with_bench = frontier_table(runs_df, got["tables"]["gaps"], ("a", 3), bench)
+    ratio = list(with_bench.tokens_per_s_vs_backprop)
+    assert ratio[0] == 1.18 and np.isnan(ratio[1]) and ratio[2] == 1.106
+    names = list(with_bench.benchmark_run)
+    assert names[0] == "async" and pd.isna(names[1]) and names[2] == "async-H2-stale1"
+    assert with_bench.benchmark_shape.iloc[0].startswith("8x128")
+    frontier_figure(with_bench, "backprop")
+    section = (tmp_path / "an" / "readme_section.md").read_text()
+    assert "The frontier at the verdict point" in section and "| 2 | 1 | rgc_H2_stale1 |" in \
+        section

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from lmrepro.entry import execute, notebook_error
+from lmrepro.entry import ArgumentParser, execute, notebook_error
 
 
 def _add_params_args(p: argparse.ArgumentParser) -> None:
@@ -108,7 +108,8 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmrepro", description=__doc__.split("\n")[0])
+    # every sub-command's parser is of the same class: one-line usage errors (entry)
+    parser = ArgumentParser(prog="lmrepro", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 

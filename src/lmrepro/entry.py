@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import NoReturn
 
 from lmrepro.data import DataError
 from lmrepro.errors import ParameterError
@@ -22,6 +23,19 @@ BAD_INPUT = frozenset({"ParameterError", "ConfigError", "ParamsFileError", "Chec
                        "RunDirectoryBusy"})
 FAILURE = frozenset({"DiskFullError", "NonFiniteError", "DamagedFileError", "DataError",
                      "IntegrityError", "SourceUnavailableError"})
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with one-line usage errors, exit status 2 like any bad input, e.g.
+    ``lmrepro predict: error: argument --world-size: expected one argument (lmrepro predict
+    --help for more)``. The sub-command parsers of one (``add_subparsers``) are of this class
+    too, so the ``lmrepro`` command builds every parser of its wings through it."""
+
+    def error(self, message: str) -> NoReturn:
+        # argparse prints its usage block first: 20-40 lines for a trainer's generated flags,
+        # burying the one line that says what is wrong; --help still shows it all
+        text = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {text} ({self.prog} --help for more)\n")
 
 
 class NotebookError(RuntimeError):

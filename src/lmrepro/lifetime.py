@@ -104,8 +104,9 @@ def armed_fault() -> tuple[str, str] | None:
 
 def fault_armed(name: str) -> bool:
     """Whether the fault point ``name`` is armed: for the points whose fault is a wrong value
-    the caller makes itself (``scape-nan-loss@<step>:rank<r>``: a NaN loss); the action is
-    ignored."""
+    the caller makes itself (``scape-nan-loss@<step>:rank<r>``: a NaN loss;
+    ``rgc-stage<k>[-backward]-mislabel@<step>``: an RGC message tagged with the next step); the
+    action is ignored."""
     armed = armed_fault()
     return armed is not None and armed[0] == name
 

@@ -279,8 +279,5 @@ def _at_corpus_key(e: Any, corpora: Any) -> dict[str, Any]:
         value, text = None, f"is required for a corpus of kind {kind!r}"
     elif e["type"] == "model_attributes_type":
         text = "must be a mapping with at least 'kind'"
-    elif e["type"] == "extra_forbidden":
-        text = (f"unknown key for a corpus of kind {kind!r} "
-                f"(allowed: {sorted(_SPECS[kind].model_fields)})")
     loc = tuple(p for p in (name, *rest) if p is not None)
     return {"type": PydanticCustomError(e["type"], text), "loc": loc, "input": value}

@@ -9,7 +9,9 @@ no run directory is opened and no bootstrap is recomputed here.
 
 Verdicts. A measured claim is ``reproduced`` (our figure agrees with the paper's within the
 tolerance its rule states), ``reproduced in direction only`` (the same direction, outside that
-tolerance), ``not reproduced``, ``inconclusive`` (a :class:`Measured` whose ``reproduced`` is
+tolerance), ``not reproduced``; a claim with a figure declares its tolerance
+(:class:`Tolerance`, shown beside the paper's figure) and is judged by the one rule of
+:func:`label`. Further verdicts: ``inconclusive`` (a :class:`Measured` whose ``reproduced`` is
 None: e.g. a timing difference inside the step-time spread, :func:`timing_verdict`) or ``not
 testable at this scale`` (a quality verdict whose dense baseline is not at least 10 % below the
 corpus's trigram floor: :func:`lmrepro.data.ngram.testable`); a claim with nothing to measure in
@@ -100,6 +102,75 @@ Measure = Callable[[AnalysisRecords], list[Measured]]
 
 
 @dataclass(frozen=True)
+class Tolerance:
+    """A claim's stated tolerance: how close our figure must lie to the paper's figure
+    ``paper`` to reproduce it, under the one labelling rule (:func:`label`).
+
+    The band is ``[low, high]``: by default ``paper`` times ``1 -+ relative``, or with ``log``
+    (for ratios, symmetric on the log scale) ``paper / (1 + relative)`` to ``paper * (1 +
+    relative)``; :meth:`band` gives it explicitly. ``reference`` is the value whose side of it
+    is the claim's direction (1 for a ratio, 0 for a difference): our figure agrees in direction
+    iff it lies on the paper's side of it. ``unit`` is how figures are printed (``"x"``: a
+    ratio; ``"%"``: a fraction shown in per cent)."""
+
+    paper: float
+    relative: float = 0.0
+    reference: float = 1.0
+    log: bool = False
+    unit: str = "x"
+    low: float | None = None
+    high: float | None = None
+
+    @classmethod
+    def band(cls, paper: float, low: float, high: float, reference: float, unit: str
+             ) -> Tolerance:
+        check(low <= paper <= high, "tolerance", (low, paper, high),
+              "must hold the paper's figure: low <= paper <= high")
+        return cls(paper, reference=reference, unit=unit, low=low, high=high)
+
+    def bounds(self) -> tuple[float, float]:
+        if self.low is not None and self.high is not None:
+            return self.low, self.high
+        if self.log:
+            return self.paper / (1 + self.relative), self.paper * (1 + self.relative)
+        return self.paper * (1 - self.relative), self.paper * (1 + self.relative)
+
+    def within(self, x: float) -> bool:
+        low, high = self.bounds()
+        return math.isfinite(x) and low <= x <= high
+
+    def same_direction(self, x: float) -> bool:
+        return math.isfinite(x) and (x - self.reference) * (self.paper - self.reference) > 0
+
+    def fmt(self, x: float) -> str:
+        return f"{x * 100:.4g} %" if self.unit == "%" else f"{x:.4g}{self.unit}"
+
+    def text(self) -> str:
+        """The tolerance in words, e.g. ``within 10 % of 1.382x: 1.244x to 1.52x``."""
+        low, high = self.bounds()
+        how = (f"within {self.relative * 100:.3g} % of {self.fmt(self.paper)}" if self.low is None
+               else f"around {self.fmt(self.paper)}")
+        return f"{how}: {self.fmt(low)} to {self.fmt(high)}"
+
+
+def label(value: float, tolerance: Tolerance, decided: bool = True
+          ) -> tuple[bool | None, bool]:
+    """``(reproduced, direction_only)`` of a :class:`Measured` under the one labelling rule of
+    every claim with a figure: *reproduced* iff ``value`` lies within the claim's stated
+    ``tolerance`` of the paper's figure; *reproduced in direction only* iff outside it but on the
+    paper's side of the reference (the sign agrees); *not reproduced* otherwise (a non-finite
+    value included); *inconclusive* (None) when the measurement cannot decide (``decided``
+    False: a timing difference inside its spread)."""
+    if not decided:
+        return None, False
+    if tolerance.within(value):
+        return True, False
+    if tolerance.same_direction(value):
+        return True, True
+    return False, False
+
+
+@dataclass(frozen=True)
 class Claim:
     """A headline claim of one of the papers (docs/papers.md).
 
@@ -117,6 +188,16 @@ class Claim:
     rule: str
     measure: Measure = field(repr=False, compare=False)
     caveat: str = ""
+    #: the stated tolerance the figure is judged by (:func:`label`); shown beside the paper's
+    #: figure in every claims table
+    tolerance: Tolerance | None = None
+
+    @property
+    def paper_figure_text(self) -> str:
+        """The paper's figure with the tolerance it is judged by."""
+        if self.tolerance is None:
+            return self.paper_figure
+        return f"{self.paper_figure} (reproduced iff {self.tolerance.text()})"
 
 
 def __getattr__(name: str) -> Any:
@@ -272,7 +353,7 @@ def claims_table(records: AnalysisRecords, claims: Sequence[Claim] | None = None
     rows = []
     for claim in registry() if claims is None else claims:
         base = {"id": claim.id, "paper": claim.paper, "claim": claim.claim,
-                "paper_figure": claim.paper_figure, "paper_scale": claim.paper_scale,
+                "paper_figure": claim.paper_figure_text, "paper_scale": claim.paper_scale,
                 "rule": claim.rule}
         measured = claim.measure(records)
         if not measured:

@@ -12,10 +12,16 @@ The kernel is told it renders a report (:data:`REPORT_ENV`): its first cell
 (:func:`lmrepro.pipeline.session.start`) then sends logging, warnings and progress bars to the
 terminal, not into the report. Figures use the inline backend (an inherited ``MPLBACKEND=Agg``
 would turn every figure into a ``<Figure size ...>`` line).
+
+The kernel talks to this process over Unix sockets in the run's private scratch directory
+(:func:`kernel_transport`), not TCP ports on localhost, and is ended without the interrupt
+jupyter_client sends first (:func:`kernel_manager_class`): a stage's log holds our lines and the
+notebook's, no kernel warnings and no tracebacks of the kernel's shutdown.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -48,6 +54,46 @@ def _kernel_env() -> None:
     os.environ[REPORT_ENV] = "1"
     os.environ[RUNNER_PID_ENV] = str(os.getpid())
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+
+
+#: the longest path of a Unix socket (``sun_path`` holds 108 bytes with the closing NUL)
+SOCKET_PATH_MAX = 107
+
+
+def kernel_transport(scratch: Path) -> dict[str, str]:
+    """The kernel manager's settings for channels on Unix sockets ``scratch/kernel-N`` (the
+    ``ipc`` transport): ``scratch`` is private to this user and removed with the run, so no port
+    is raced for, no other user can connect or listen, and ipykernel has no unencrypted TCP to
+    warn of. Empty (TCP, as jupyter's default) when the paths would be too long for a socket: a
+    ``TMPDIR`` over about 80 characters deep."""
+    base = str(scratch / "kernel")
+    if len(os.fsencode(base)) + len("-99") > SOCKET_PATH_MAX:
+        return {}
+    return {"transport": "ipc", "ip": base}
+
+
+@functools.cache
+def kernel_manager_class() -> type:
+    """nbclient's kernel manager (``AsyncKernelManager``), except that it ends the kernel
+    without interrupting it first.
+
+    jupyter_client sends SIGINT before its shutdown request. Papermill shuts down right after
+    the reply to its closing ``kernel_info`` request, while the kernel may still be in that
+    request's handler (on a loaded machine it often is): there SIGINT raises KeyboardInterrupt,
+    which ipykernel logs ("KeyboardInterrupt caught in kernel") or, a few lines later, lets
+    escape with a traceback through zmqstream's ``_log_error``, leaving asyncio tasks pending
+    ("Task was destroyed but it is pending!"). The shutdown request alone ends a kernel that
+    runs no cell; one that does not end gets SIGTERM then SIGKILL, as before. Interrupts other
+    than at shutdown (nbclient's on a cell timeout) are unchanged."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class ReportKernelManager(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
+
+    return ReportKernelManager
 
 
 def _active_profile(params_file: str | Path, profile: str | None) -> str:
@@ -105,6 +151,7 @@ def run_notebook(notebook: str | Path, reports_dir: str | Path = "reports",
     """Execute ``notebook`` with ``parameters``; return the path of the rendered HTML."""
     import nbformat
     import papermill
+    from traitlets.config import Config
 
     from lmrepro.pipeline.render import render_report
 
@@ -125,6 +172,8 @@ def run_notebook(notebook: str | Path, reports_dir: str | Path = "reports",
             str(notebook), str(tmp_nb), parameters=parameters or {}, kernel_name="python3",
             cwd=str(workdir), progress_bar=False, execution_timeout=timeout_s,
             log_output=False, extra_arguments=[KERNEL_EXEC_LINES],
+            kernel_manager_class=kernel_manager_class(),
+            config=Config({"KernelManager": kernel_transport(Path(tmp))}),
         )
         nb = nbformat.read(tmp_nb, as_version=4)
         body = render_report(nb, report_header(notebook, nb, parameters or {}, workdir))

@@ -29,7 +29,11 @@ Data flow of one step (:class:`WorkerStages` is one worker's compute):
   127.0.0.1 per step among the W workers; every replica applies the same mean gradient, in the
   same step (``consensus_staleness`` 0) or s steps later (bounded staleness s: the all-reduce
   runs in the background meanwhile);
-* the parent only collects per-step losses, states for checkpoints, and errors.
+* the parent only collects per-step losses, states for checkpoints, errors, and at the end each
+  worker's timestamped compute events (:mod:`lmrepro.rgc.events`, ``events.json``).
+
+Every activation and gradient between workers is tagged with its step, micro-batch and sending
+stage, and the receiver checks the tag against what it expects (:func:`lmrepro.rgc.wire.untag`).
 
 A worker that raises sends its traceback to the parent, which stops every worker and raises
 :class:`StageWorkerError` naming the stage that was running; a worker that dies without a word
@@ -59,9 +63,10 @@ from lmrepro.model import ByteTransformer
 from lmrepro.results import drop_unpublished, load_part
 from lmrepro.rgc.common import (RunSpec, TrainResult, build_model, checkpoint_state, evaluate,
                                 finish, harness, state_from_bytes, state_to_bytes)
+from lmrepro.rgc import events as events_mod
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.wire import (POLL_S, Failed, Finished, Message, PartSaved, Ready, Started,
-                              StateAfter, StepDone, by_reference, stalled_stage)
+                              StateAfter, StepDone, WorkerEvents, by_reference, stalled_stage)
 from lmrepro.rgc.worker import WorkerArgs, _stage_worker
 from lmrepro.rgc.worker_stages import worker_state_names
 
@@ -128,7 +133,7 @@ def worker_start(cfg: RGCConfig, w: int, model: ByteTransformer,
 
 
 def _start_workers(cfg: RGCConfig, spec: RunSpec, starts: list[bytes], end: int,
-                   train_data: np.ndarray) -> _Pipeline:
+                   train_data: np.ndarray, kind: str) -> _Pipeline:
     """Start the W workers, with bounded queues between neighbours (forward; backward for
     H > 1)."""
     ctx = _mp_context()
@@ -149,17 +154,18 @@ def _start_workers(cfg: RGCConfig, spec: RunSpec, starts: list[bytes], end: int,
                           by_reference(train_data) if w == 0 else None,
                           None if spec.out_dir is None else str(spec.out_dir), queues,
                           pipe.results, pipe.stop, pipe.finish, pipe.go, pipe.status,
-                          fault_spec())
+                          fault_spec(), kind)
         p = ctx.Process(target=_stage_worker, name=f"rgc-worker-{w}", args=(args,), daemon=True)
         p.start()
         pipe.procs.append(p)
     return pipe
 
 
-def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.ndarray
-                ) -> TrainResult:
+def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.ndarray,
+                kind: str = "rgc") -> TrainResult:
     """Run the async executor; see :func:`lmrepro.rgc.train`. The stage workers' fault points
-    (tests only) are :data:`lmrepro.rgc.common.FAULT_POINT`."""
+    (tests only) are :data:`lmrepro.rgc.common.FAULT_POINT`. ``kind="pipelined_backprop"``:
+    the same workers train global backprop (:mod:`lmrepro.rgc.pipelined`)."""
     template = build_model(cfg, spec.seed)
     ckpt: list[dict[str, Any]] = []
 
@@ -179,7 +185,7 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
         starts = [state_to_bytes(worker_start(cfg, w, template, ckpt[0] if ckpt else None))
                   for w in range(cfg.n_workers)]
         ckpt.clear()
-        pipe = _start_workers(cfg, spec, starts, end, train_data)
+        pipe = _start_workers(cfg, spec, starts, end, train_data, kind)
         del starts
         parent = _Parent(cfg, run, pipe, template, val_data, end, before_workers)
         try:
@@ -198,7 +204,12 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
         parent.load_weights(parent.final)
         if spec.out_dir is not None:
             drop_unpublished(spec.out_dir, end)
-        return finish(cfg, spec, run, template, val_data, end, parent.runtimes)
+        events = events_mod.collect(parent.events)
+        if spec.out_dir is not None:
+            events_mod.write(spec.out_dir, events, run.start)
+        result = finish(cfg, spec, run, template, val_data, end, parent.runtimes)
+        result.events = events
+        return result
 
 
 @dataclass
@@ -224,6 +235,7 @@ class _Parent:
     save_s: dict[int, float] = field(default_factory=dict)    # done -> the slowest save
     steps: dict[int, dict[int, StepDone]] = field(default_factory=dict)
     states: dict[int, dict[int, dict]] = field(default_factory=dict)
+    events: dict[int, Any] = field(default_factory=dict)     # worker -> its flat event array
     last_t: float = 0.0
 
     def collect(self) -> None:
@@ -271,6 +283,8 @@ class _Parent:
             self.states.setdefault(msg.done, {})[msg.worker] = state_from_bytes(msg.payload)
             if len(self.states[msg.done]) == W:
                 self._on_state(msg.done, self.states.pop(msg.done))
+        elif isinstance(msg, WorkerEvents):
+            self.events[msg.worker] = msg.rows
         elif isinstance(msg, PartSaved):
             self.saved.setdefault(msg.done, {})[msg.worker] = msg.seconds
             if len(self.saved[msg.done]) == W:
@@ -288,7 +302,8 @@ class _Parent:
         self.run.checkpoint_time_s += saving
         self.last_t += saving
         losses = {k: v for r in reports.values() for k, v in r.losses.items()}
-        stage_losses = [losses[k] for k in range(self.cfg.n_stages)]
+        # RGC: every stage's local loss; pipelined backprop: the last stage's, the model's own
+        stage_losses = [losses[k] for k in sorted(losses)]
         workers = [reports[w] for w in range(self.cfg.n_workers)]
         self.run.add_time(now - self.last_t)
         self.run.log_step(step, self.run.lr(step), now - self.last_t, {
@@ -358,8 +373,10 @@ def _assemble(cfg: RGCConfig, parts: dict[int, dict]) -> dict[str, Any]:
     for w in range(cfg.n_workers):
         model_state.update(parts[w]["params"])
         optims.update(parts[w]["opt_stages"])
-    model_state.update(parts[0]["decoder"])
-    optims["decoder"] = parts[0]["opt_dec"]
+    # RGC: worker 0 holds the decoder's consensus replica; pipelined backprop: the last worker
+    dec = next(parts[w] for w in range(cfg.n_workers) if "decoder" in parts[w])
+    model_state.update(dec["decoder"])
+    optims["decoder"] = dec["opt_dec"]
     in_flight = {w: parts[w]["in_flight"] for w in range(cfg.n_workers)
                  if "in_flight" in parts[w]}
     return checkpoint_state(model_state, optims, parts[0]["gen_state"],

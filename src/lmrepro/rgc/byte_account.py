@@ -136,14 +136,42 @@ def _adam_bytes(n_params: int, n_tensors: int) -> int:
     return 2 * FLOAT * n_params + FLOAT * n_tensors
 
 
-def async_account(cfg: RGCConfig, via: str = "file") -> dict[str, Any]:
+#: how a running-ahead worker's gradients are delayed (docs/rgc.md, "The delay decided"):
+#: ``whole``, the executors' rule (a worker's whole backward waits for the gradients from above,
+#: :attr:`RGCConfig.stage_gradient_delays`), or ``per_hop`` (accounted, not implemented)
+DELAY_RULES = ("whole", "per_hop")
+
+
+def gradient_delays(cfg: RGCConfig, rule: str = "whole") -> list[int]:
+    """Steps by which the latest part of each stage's gradient arrives after its graph was
+    built. ``whole``: :attr:`RGCConfig.stage_gradient_delays`, ``s (W - 1 - w)``: a worker
+    backpropagates an older step's graphs whole, once every gradient from above is in, and what
+    it sends on is that late too, so the delays add up the pipeline whatever the horizon.
+    ``per_hop``: each part goes down as soon as it exists and each worker boundary it crosses
+    adds s, so stage k's latest part is the loss of the highest stage its gradient comes from,
+    ``min(K - 1, k + H - 1)``: ``s x (boundaries between k and that stage)``. The two agree at
+    H = K and in lockstep."""
+    check(rule in DELAY_RULES, "delay rule", rule, f"must be one of {list(DELAY_RULES)}")
+    if rule == "whole" or not cfg.runs_ahead:
+        return list(cfg.stage_gradient_delays)
+    worker = {k: w for w, stages in enumerate(cfg.placement) for k in stages}
+    K, H, s = cfg.n_stages, cfg.horizon, cfg.consensus_staleness
+    return [s * (worker[min(K - 1, k + H - 1)] - worker[k]) for k in range(K)]
+
+
+def async_account(cfg: RGCConfig, via: str = "file", delay_rule: str = "whole"
+                  ) -> dict[str, Any]:
     """Bytes by kind for each worker of the async executor (and the parent), at the peak of a
     step (the end of the forward phase, gradients and optimizer state alive), plus the
     hand-over snapshot (``via``: ``"file"``, a run directory, or ``"bytes"``; module
-    docstring). Returns ``{"workers": [{"stages", "bytes": {kind: n}, "total"}, ...],
-    "parent": {...}, "total": n}``."""
+    docstring). Running ahead, ``delay_rule`` (:func:`gradient_delays`) sets the steps of
+    graphs a stage keeps; ``whole`` stashes the weights of every stage a gradient comes back to
+    (as the executor does), ``per_hop`` only where a part arrives after an update. Returns
+    ``{"workers": [{"stages", "bytes": {kind: n}, "total"}, ...], "parent": {...}, "total":
+    n}``."""
     check(via in ("file", "bytes"), "via", via, "must be 'file' or 'bytes'")
     K, M, H = cfg.n_stages, cfg.micro_batches, cfg.horizon
+    delays = gradient_delays(cfg, delay_rule)
     n_dec = decoder_parameters(cfg)
     dec_tensors = 3
     workers: list[dict[str, Any]] = []
@@ -154,9 +182,10 @@ def async_account(cfg: RGCConfig, via: str = "file") -> dict[str, Any]:
         kept = stashed = 0
         for k in stages:
             waits = H > 1 and k < K - 1
-            steps = cfg.stage_gradient_delays[k] + 1
+            steps = delays[k] + 1
             kept += (M * steps if waits else 1) * stage_saved_bytes(cfg, k)
-            stashed += FLOAT * stage_parameters(cfg, k) * steps if cfg.runs_ahead and waits else 0
+            stashes = cfg.runs_ahead and waits if delay_rule == "whole" else delays[k] > 0
+            stashed += FLOAT * stage_parameters(cfg, k) * steps if stashes else 0
         last, q = stages[-1], cfg.queue_capacity
         queued = q * activation_message_bytes(cfg) if last < K - 1 else 0
         if H > 1 and stages[0] > 0:

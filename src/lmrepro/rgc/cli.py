@@ -114,7 +114,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lmrepro-rgc")
+    from lmrepro.entry import ArgumentParser
+
+    parser = ArgumentParser(prog="lmrepro-rgc")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     args = parser.parse_args(argv)

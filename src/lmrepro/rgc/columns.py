@@ -5,11 +5,16 @@
 
 from __future__ import annotations
 
-from lmrepro.pipeline.tables import Column, sig3
+from lmrepro.pipeline.tables import Column, integer, sig3, text
 
 COLUMNS: dict[str, Column] = {
     "backprop_test_bpb": Column("backprop (bits/byte, test)", sig3),
     "rgc_test_bpb": Column("RGC run (bits/byte, test)", sig3),
+    # the frontier at the verdict point (scaling_report.frontier_table)
+    "horizon": Column("H", integer),
+    "consensus_staleness": Column("s", integer),
+    "tokens_per_s_vs_backprop": Column("tokens/s x backprop (benchmark)", sig3),
+    "benchmark_run": Column("benchmark run", text, False),
 }
 
 PRESETS: dict[str, list[str]] = {}

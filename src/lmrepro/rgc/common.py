@@ -29,7 +29,7 @@ from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import flat_to_grads
 from lmrepro.optim.groups import weight_decay_groups
 from lmrepro.memory import Memory, MemorySampler, memory_fields
-from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.config import MULTI_PROCESS, RGCConfig
 from lmrepro.rgc.roles import RGCMethod
 
 
@@ -93,13 +93,18 @@ def check_data(name: str, data: Any, context: int) -> np.ndarray:
 
 #: the fault points of an async stage worker (:func:`lmrepro.lifetime.fault_point`, tests only):
 #: ``rgc-stage<k>@<step>`` at the start of a step, ``rgc-stage<k>-backward@<step>`` before stage
-#: k's backward of the step's first micro-batch (H > 1)
-FAULT_POINT = re.compile(r"rgc-stage(\d+)(-backward)?@(\d+)")
+#: k's backward of the step's first micro-batch (H > 1); with ``-mislabel``
+#: (:func:`lmrepro.lifetime.fault_armed`: a wrong value, not a failure) stage k tags the
+#: activations (``rgc-stage<k>-mislabel@<step>``) or gradients
+#: (``rgc-stage<k>-backward-mislabel@<step>``) it sends at that step with the next step
+FAULT_POINT = re.compile(r"rgc-stage(\d+)(-backward)?(-mislabel)?@(\d+)")
 
 
-def stage_fault_point(stage: int, step: int, backward: bool = False) -> str:
+def stage_fault_point(stage: int, step: int, backward: bool = False, mislabel: bool = False
+                      ) -> str:
     """The name of stage ``stage``'s fault point at ``step`` (:data:`FAULT_POINT`)."""
-    return f"rgc-stage{stage}{'-backward' if backward else ''}@{step}"
+    return (f"rgc-stage{stage}{'-backward' if backward else ''}{'-mislabel' if mislabel else ''}"
+            f"@{step}")
 
 
 def check_fault_point(config: RGCConfig, executor: str) -> None:
@@ -110,16 +115,24 @@ def check_fault_point(config: RGCConfig, executor: str) -> None:
     point = armed[0]
     match = FAULT_POINT.fullmatch(point)
     if match is None:
-        check(False, FAULT_ENV, point, "an RGC fault point is rgc-stage<k>@<step> or "
-              "rgc-stage<k>-backward@<step>")
+        check(False, FAULT_ENV, point, "an RGC fault point is rgc-stage<k>@<step>, "
+              "rgc-stage<k>-backward@<step>, rgc-stage<k>-mislabel@<step> or "
+              "rgc-stage<k>-backward-mislabel@<step>")
         return
     check(executor == "async", FAULT_ENV, point,
           "fault injection exists only for executor='async'")
-    check(int(match[1]) < config.n_stages, FAULT_ENV, point,
+    k = int(match[1])
+    check(k < config.n_stages, FAULT_ENV, point,
           f"a fault point of a stage in [0, {config.n_stages})")
     check(not match[2] or config.horizon > 1, FAULT_ENV, point,
           "a backward-phase fault needs rgc.horizon > 1 (with H = 1 no gradient crosses "
           "workers)")
+    if match[3]:
+        senders = ([ws[0] for ws in config.placement[1:]] if match[2]
+                   else [ws[-1] for ws in config.placement[:-1]])
+        check(k in senders, FAULT_ENV, point, f"a mislabel fault of a stage that sends "
+              f"{'gradients' if match[2] else 'activations'} to another worker: one of "
+              f"{senders}")
 
 
 def evaluate(model: ByteTransformer, val: np.ndarray, cfg: RGCConfig) -> list[float]:
@@ -267,7 +280,8 @@ class RunSpec:
 
     @property
     def method(self) -> RGCMethod:
-        return RGCMethod.BACKPROP if self.executor == "backprop" else RGCMethod.RGC
+        return (RGCMethod.BACKPROP if self.executor in ("backprop", "pipelined_backprop")
+                else RGCMethod.RGC)
 
     def end(self, cfg: RGCConfig, start: int) -> int:
         """The step this invocation stops before."""
@@ -308,6 +322,8 @@ class TrainResult:
     metrics: list[dict] = field(default_factory=list)
     final_state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     out_dir: Path | None = None
+    #: async: every worker's compute events of this invocation (:mod:`lmrepro.rgc.events`)
+    events: list[Any] = field(default_factory=list, repr=False)
 
 
 def finish(cfg: RGCConfig, spec: RunSpec, run: Run, model: ByteTransformer, val_data: np.ndarray,
@@ -339,10 +355,11 @@ def summary_fields(cfg: RGCConfig, spec: RunSpec, eval_losses: list[float], peak
                    worker_runtimes: Memory | None = None) -> dict[str, Any]:
     """The run's :class:`RunSummary` fields the harness does not fill in (timing, tokens and
     resume are its own)."""
-    is_async, is_rgc = spec.executor == "async", spec.method == RGCMethod.RGC
+    is_async, is_rgc = spec.executor in MULTI_PROCESS, spec.method == RGCMethod.RGC
     threads = cfg.async_threads if is_async else cfg.single_process_threads
     return {
-        "name": spec.name or (f"rgc-{spec.executor}" if is_rgc else "backprop"),
+        "name": spec.name or (f"rgc-{spec.executor}" if is_rgc else
+                              spec.executor.replace("_", "-")),
         "method": spec.method, "executor": spec.executor, "corpus": spec.corpus,
         "seed": spec.seed, "final_bpb": bits_per_byte(eval_losses),
         **memory_fields(peak), "n_params": n_params,

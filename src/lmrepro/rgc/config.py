@@ -20,7 +20,9 @@ from lmrepro.errors import check
 from lmrepro.evaluation import TrainingConfig
 from lmrepro.model import ModelConfig
 
-EXECUTORS = ("sync", "async", "backprop")
+EXECUTORS = ("sync", "async", "backprop", "pipelined_backprop")
+#: the executors that run on worker processes (placement, threads per worker)
+MULTI_PROCESS = ("async", "pipelined_backprop")
 MAX_STALENESS = 8
 
 
@@ -214,13 +216,15 @@ class RGCConfig(TrainingConfig):
 # -- the training-length study (lmrepro.rgc.scaling) ------------------------------------------
 
 class RGCStudyRun(Section):
-    """One method of the study: an executor, its consensus staleness and its lr."""
+    """One method of the study: an executor, its horizon and consensus staleness, its lr."""
 
     key: ClassVar[str] = "rgc.scaling.runs[]"
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     executor: Literal["sync", "async", "backprop"] = Field(description="sync computes what "
                                                             "async does; quality runs use it")
+    horizon: int | None = Field(default=None, ge=1, description="the run's horizon H (null: "
+                                "the rgc section's)")
     consensus_staleness: int = Field(default=0, ge=0)
     lr: float = Field(gt=0.0)
 
@@ -299,17 +303,29 @@ class RGCSuite(RGCConfig):
 
     @model_validator(mode="after")
     def _study_shapes(self) -> RGCSuite:
-        """Every size of the study is a valid model with this section's stage cut."""
-        if self.scaling is not None:
-            for name, shape in self.scaling.sizes.items():
+        """Every size of the study is a valid model with this section's stage cut, and every
+        run's horizon and staleness a valid configuration at each size's shortest length."""
+        if self.scaling is None:
+            return self
+        base = {k: getattr(self, k) for k in RGCConfig.model_fields if k != "backprop_threads"}
+        for name, shape in self.scaling.sizes.items():
+            try:
+                RGCConfig(**base | {"model": shape})
+            except ValueError as err:
+                raise field_error(f"scaling.sizes.{name}", shape.to_dict(),
+                                  f"must make a valid model with n_stages = "
+                                  f"{self.n_stages}: {str(err).splitlines()[-1].strip()}"
+                                  ) from None
+            for i, run in enumerate(self.scaling.runs):
                 try:
-                    RGCConfig(**{k: getattr(self, k) for k in RGCConfig.model_fields
-                                 if k not in ("backprop_threads",)} | {"model": shape})
+                    RGCConfig(**base | {"model": shape, "steps": self.scaling.lengths[name][0],
+                                        "horizon": run.horizon or self.horizon,
+                                        "consensus_staleness": run.consensus_staleness})
                 except ValueError as err:
-                    raise field_error(f"scaling.sizes.{name}", shape.to_dict(),
-                                      f"must make a valid model with n_stages = "
-                                      f"{self.n_stages}: {str(err).splitlines()[-1].strip()}"
-                                      ) from None
+                    raise field_error(f"scaling.runs[{i}] ({run.name})", {
+                        "horizon": run.horizon, "consensus_staleness":
+                        run.consensus_staleness}, f"must make a valid run at size {name}: "
+                        f"{str(err).splitlines()[-1].strip()}") from None
         return self
 
     @model_validator(mode="after")
@@ -339,7 +355,7 @@ def check_threads(config: RGCConfig, executor: str, cores: int | None = None,
     machine's cores, naming the parameter, the value, the core count and, when the configuration
     declares the budget it was sized for (``rgc.cores``), that budget."""
     machine = cores or os.cpu_count() or 1
-    if executor == "async":
+    if executor in MULTI_PROCESS:
         total, name, value = config.async_threads, "rgc.threads", \
             list(config.worker_threads)
     else:

@@ -16,12 +16,15 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
           val_data: np.ndarray | None = None, out_dir: str | Path | None = None,
           corpus: str = "synthetic", name: str | None = None, stop_after: int | None = None,
           seed: int = 0, test_data: np.ndarray | None = None) -> TrainResult:
-    """Train with RGC (``"sync"``, ``"async"``) or the global-backprop baseline (``"backprop"``).
+    """Train with RGC (``"sync"``, ``"async"``) or the global-backprop baseline (``"backprop"``;
+    ``"pipelined_backprop"``: the same, pipelined over the async executor's workers).
 
     Args:
         config: the run's :class:`RGCConfig`.
         executor: ``"sync"`` (one process, stages in turn), ``"async"`` (the stages on
-            ``config.n_workers`` worker processes, ``config.placement``) or ``"backprop"``.
+            ``config.n_workers`` worker processes, ``config.placement``), ``"backprop"`` or
+            ``"pipelined_backprop"`` (global backprop on the async executor's workers and
+            placement, :mod:`lmrepro.rgc.pipelined`).
         train_data, val_data: 1-D uint8 byte arrays; ``None`` uses a deterministic synthetic
             text (for smoke runs only).
         out_dir: run directory in the :mod:`lmrepro.results` layout; enables checkpoints
@@ -60,6 +63,10 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
     if executor == "async":
         from lmrepro.rgc.async_ import train_async
         return train_async(config, spec, train_data, val_data)
+    if executor == "pipelined_backprop":
+        from lmrepro.rgc.async_ import train_async
+        from lmrepro.rgc.pipelined import KIND, pipelined_config
+        return train_async(pipelined_config(config), spec, train_data, val_data, KIND)
     if executor == "backprop":
         from lmrepro.rgc.backprop_executor import train_backprop_executor
         return train_backprop_executor(config, spec, train_data, val_data)

@@ -4,8 +4,9 @@ backprop where the models learn, with the seed as the unit.
 The paper's quality claim (RGC not non-inferior to backprop on enwik8 with a 24-layer model) is
 about models far past an n-gram table; a verdict at a few hundred steps is taken before. The
 study trains every run of ``runs`` (lockstep RGC, RGC with its decoder consensus applied
-``consensus_staleness`` steps late, global backprop; each an :class:`RGCStudyRun`) on the RGC
-harness at several training lengths of each model size:
+``consensus_staleness`` steps late, each at the section's horizon or its own, global backprop;
+each an :class:`RGCStudyRun`) on the RGC harness at several training lengths of each model
+size (the ``rgc_horizon`` profiles: one length, RGC at every horizon and staleness):
 
 * every length of every size with the study's ``seeds``; the verdict point (``verdict_size`` at
   its longest length) with ``verdict_seeds`` (>= 5: the seed is the unit of the test);
@@ -55,11 +56,13 @@ def run_config(base: RGCConfig, shape: ModelConfig, run: RGCStudyRun, steps: int
                warmup_fraction: float, threads: int) -> RGCConfig:
     """The configuration of one study run: ``base`` with the model ``shape`` (the size's whole
     model), ``steps`` steps (lr warm-up a fraction of them, a checkpoint every quarter), the run's
-    lr and staleness, ``threads`` threads for the one-process executors."""
+    lr, horizon (when it sets one) and staleness, ``threads`` threads for the one-process
+    executors."""
     return RGCConfig(**{**base.to_dict(), "model": shape.to_dict(), "steps": steps,
                         "warmup_steps": round(warmup_fraction * steps),
                         "checkpoint_every": max(1, steps // 4), "eval_every": 0,
                         "lr": run.lr, "consensus_staleness": run.consensus_staleness,
+                        "horizon": run.horizon or base.horizon,
                         "backprop_threads": threads})
 
 

@@ -7,7 +7,10 @@ training length: the gap of each RGC run to global backprop with its bounds, bac
 bits/byte against the corpus's trigram floor (a verdict is testable only 10 % below it), then
 the trend of the gap over training length (least squares of the per-seed gaps on
 ``log10(steps)``, the slope per decade with a t interval). The paper states no training length
-for its enwik8 runs, so the trend is not extrapolated to it.
+for its enwik8 runs, so the trend is not extrapolated to it. At the verdict point, the
+**frontier** (:func:`frontier_table`): each RGC run's gap against its horizon H and consensus
+staleness s, beside the throughput the RGC benchmark measured for that (H, s) (async over
+backprop, ``bench/results/rgc.json``): the speed-quality trade the paper is about.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from lmrepro.rgc.details import RGCDetails
 from lmrepro.stats import StatsConfig
 
 STAGE = "rgc_scaling"
-RUN_COLUMNS = ["kind", "size", "steps", "run", "seed", "executor", "consensus_staleness", "lr",
-               "val_bpb", "test_bpb", "diverged_at_step", "finished_at", "path"]
+RUN_COLUMNS = ["kind", "size", "steps", "run", "seed", "executor", "horizon",
+               "consensus_staleness", "lr", "val_bpb", "test_bpb", "diverged_at_step",
+               "finished_at", "path"]
 COLOURS = {"rgc": "tab:blue", "rgc_stale1": "tab:orange", "backprop": "black"}
 README_SECTION = "readme_section.md"
 #: where the published folder goes in the section's links (replaced by ``lmrepro publish``)
@@ -46,7 +50,7 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
         d = RGCDetails.of(s)
         rows.append({"kind": "runs", "size": size, "steps": int(length.removeprefix("L")),
                      "run": name, "seed": int(seed.removeprefix("seed")),
-                     "executor": s.executor, "consensus_staleness":
+                     "executor": s.executor, "horizon": d.horizon, "consensus_staleness":
                      d.consensus_staleness, "lr": run_settings(s.config).get("lr"),
                      "val_bpb": s.final_bpb, "test_bpb": d.final_test_bpb,
                      "diverged_at_step": s.diverged_at_step,
@@ -98,12 +102,90 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, candidate: str, b
     return analysis_records(named, stage=STAGE, stats=stats, outcomes=outcomes, floors=floors)
 
 
+FRONTIER_COLUMNS = ["size", "steps", "candidate", "horizon", "consensus_staleness", "seeds",
+                    "mean", "lower", "upper", "verdict", "testable", "benchmark_run",
+                    "tokens_per_s_vs_backprop", "benchmark_shape"]
+
+
+def _benchmark_rows(bench: Mapping[str, Any] | None) -> dict[tuple[int, int], tuple[str, float]]:
+    """``(H, s) -> (run name, async tokens/s over backprop's at the same cores)`` of the RGC
+    benchmark's async runs."""
+    if bench is None:
+        return {}
+    return {(int(r["horizon"]), int(r["consensus_staleness"])): (name,
+                                                                float(r["vs_backprop_same_cores"]))
+            for name, r in bench.get("rows", {}).items()}
+
+
+def frontier_table(runs: pd.DataFrame, gaps: pd.DataFrame, verdict: tuple[str, int],
+                   bench: Mapping[str, Any] | None) -> pd.DataFrame:
+    """At the verdict point, per RGC run: its horizon H and staleness s, its gap to the baseline
+    (mean and one-sided bounds, verdict, testable), and beside it the RGC benchmark's async
+    throughput over backprop's at the same (H, s) (None where the benchmark has no such run).
+    The benchmark's model is its own (``benchmark_shape``), not the study's."""
+    point = gaps[(gaps["size"] == verdict[0]) & (gaps.steps == verdict[1])] if len(gaps) else gaps
+    measured = _benchmark_rows(bench)
+    shape = ""
+    if bench is not None:
+        m = bench["config"]["model"]
+        shape = (f"{m['n_layers']}x{m['d_model']}, placement {bench['placement']}, "
+                 f"{bench['threads']} threads")
+    rows = []
+    for g in point.itertuples():
+        mine = runs[(runs["size"] == verdict[0]) & (runs.steps == verdict[1])
+                    & (runs.run == g.candidate)]
+        if not len(mine):
+            continue
+        h, s = int(mine.horizon.iloc[0]), int(mine.consensus_staleness.iloc[0])
+        name, ratio = measured.get((h, s), (None, None))
+        rows.append({"size": g.size, "steps": int(g.steps), "candidate": g.candidate,
+                     "horizon": h, "consensus_staleness": s, "seeds": g.seeds,
+                     "mean": getattr(g, "mean", None), "lower": getattr(g, "lower", None),
+                     "upper": getattr(g, "upper", None), "verdict": getattr(g, "verdict", None),
+                     "testable": g.testable, "benchmark_run": name,
+                     "tokens_per_s_vs_backprop": ratio, "benchmark_shape": shape})
+    return pd.DataFrame(rows, columns=FRONTIER_COLUMNS).sort_values(
+        ["consensus_staleness", "horizon"], ignore_index=True)
+
+
+def frontier_figure(frontier: pd.DataFrame, baseline: str) -> Any:
+    """The gap against H, one line per staleness s, the one-sided bounds as bars and each
+    point's benchmark throughput (x backprop) written beside it."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for s, part in frontier.groupby("consensus_staleness"):
+        part = part.sort_values("horizon")
+        mean = 100 * part["mean"].astype(float)
+        err = [mean - 100 * part["lower"].astype(float), 100 * part["upper"].astype(float) - mean]
+        ax.errorbar(part.horizon + 0.05 * s, mean, yerr=err, marker="o", capsize=3,
+                    label=f"consensus staleness s = {s}")
+        for r in part.itertuples():
+            if r.tokens_per_s_vs_backprop is not None and np.isfinite(r.tokens_per_s_vs_backprop):
+                ax.annotate(f"{r.tokens_per_s_vs_backprop:.2f}x", (r.horizon + 0.05 * s,
+                                                                   100 * float(r.mean)),
+                            textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhline(1, color="grey", lw=0.8, ls="--", label="1 % margin")
+    ax.set_xlabel("horizon H (stages a local loss reaches back)")
+    ax.set_ylabel(f"test loss gap to {baseline} (%)")
+    ax.set_xticks(sorted(frontier.horizon.unique()))
+    ax.set_title("RGC at the verdict point: gap against H and s\n(labels: benchmark tokens/s "
+                 f"x {baseline}, its own model)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def figures(runs: pd.DataFrame, gaps: pd.DataFrame, floor: Mapping[str, Any] | None,
-            verdict: tuple[str, int], baseline: str) -> dict[str, Any]:
+            verdict: tuple[str, int], baseline: str, frontier: pd.DataFrame | None = None
+            ) -> dict[str, Any]:
     out = {"gap_vs_length": length_plots.gap_vs_length(gaps, baseline, COLOURS, baseline)}
     point = runs[(runs["size"] == verdict[0]) & (runs.steps == verdict[1])]
     if len(point):
         out["verdict_curves"] = length_plots.verdict_curves(runs, *verdict, floor, COLOURS)
+    if frontier is not None and frontier.horizon.nunique() > 1:
+        out["frontier"] = frontier_figure(frontier, baseline)
     return out
 
 
@@ -118,7 +200,11 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     floor = floors.get(corpus)
     verdict = (study.verdict_size, study.verdict_steps)
     gaps = gap_table(runs, stats, floor, study.baseline)
-    tables = {"runs": runs.drop(columns=["path"]), "gaps": gaps, "trend": trend(gaps)}
+    from lmrepro.rgc import speedup
+
+    frontier = frontier_table(runs, gaps, verdict, speedup.load("rgc"))
+    tables = {"runs": runs.drop(columns=["path"]), "gaps": gaps, "trend": trend(gaps),
+              "frontier": frontier}
     sweep = read_if_there(Path(stage_dir) / "sweep" / "sweep.json")
     if sweep is not None:
         tables["sweep"] = pd.DataFrame(sweep["rows"])
@@ -127,8 +213,11 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
         tables["edge_check"] = pd.DataFrame(edge["rows"])
     for name, frame in tables.items():
         atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
+    # the claim's RGC: lockstep at the section's horizon (the first such run)
     lockstep = next((r.name for r in study.runs if r.executor != "backprop"
-                     and r.consensus_staleness == 0), None)
+                     and r.consensus_staleness == 0 and r.horizon in (None, 1)),
+                    next((r.name for r in study.runs if r.executor != "backprop"
+                          and r.consensus_staleness == 0), None))
     rec = None
     point = runs[(runs["size"] == verdict[0]) & (runs.steps == verdict[1])]
     if lockstep is not None and len(point):
@@ -139,7 +228,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
         **{k: records(v) for k, v in tables.items()}})
     atomic_write_text(out_dir / README_SECTION,
                       readme_markdown(tables, sweep, verdict, study.baseline))
-    figs = figures(runs, gaps, floor, verdict, study.baseline)
+    figs = figures(runs, gaps, floor, verdict, study.baseline, frontier)
     for name, fig in figs.items():
         from lmrepro.pipeline.plots import save_figure
 
@@ -170,6 +259,11 @@ DISPLAY: dict[str, dict[str, str]] = {
              "candidate_test_bpb": "rgc_test_bpb", "mean": "gap_mean", "lower": "gap_lower",
              "upper": "gap_upper", "level": "level", "p_value": "p_noninferior",
              "p_worse": "p_worse", "verdict": "verdict", "testable": "testable"},
+    "frontier": {"horizon": "horizon", "consensus_staleness": "consensus_staleness",
+                 "candidate": "run", "seeds": "seeds", "mean": "gap_mean", "lower": "gap_lower",
+                 "upper": "gap_upper", "verdict": "verdict", "testable": "testable",
+                 "tokens_per_s_vs_backprop": "tokens_per_s_vs_backprop",
+                 "benchmark_run": "benchmark_run"},
     "trend": {"size": "size", "candidate": "run", "points": "points",
               "slope_per_decade": "slope_per_decade", "slope_low": "slope_low",
               "slope_high": "slope_high", "p_slope": "p_slope"},
@@ -211,6 +305,22 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                          f", {_pct(getattr(r, 'upper', None))}] | "
                          f"{getattr(r, 'verdict', '') or 'diverged'} | "
                          f"{'yes' if r.testable else 'no'} |")
+        lines.append("")
+    front = tables.get("frontier")
+    if front is not None and front.horizon.nunique() > 1:
+        lines += [f"The frontier at the verdict point: each RGC run's gap against its horizon H "
+                  "and consensus staleness s, beside the RGC benchmark's async tokens/s over "
+                  f"{baseline}'s at the same (H, s) and cores (`bench/results/rgc.json`, its "
+                  f"own model: {front.benchmark_shape.iloc[0] or 'not run'}):", "",
+                  "| H | s | run | seeds | mean gap | [L, U] | verdict | tokens/s x backprop |",
+                  "|---" * 8 + "|"]
+        for r in front.itertuples():
+            tput = ("not measured" if r.tokens_per_s_vs_backprop is None
+                    or not np.isfinite(r.tokens_per_s_vs_backprop)
+                    else f"{r.tokens_per_s_vs_backprop:.3f} ({r.benchmark_run})")
+            lines.append(f"| {r.horizon} | {r.consensus_staleness} | {r.candidate} | {r.seeds} "
+                         f"| {_pct(r.mean)} | [{_pct(r.lower)}, {_pct(r.upper)}] | "
+                         f"{r.verdict or 'diverged'} | {tput} |")
         lines.append("")
     if len(tr):
         lines += ["Trend of the gap per decade of training steps (least squares on the per-seed "

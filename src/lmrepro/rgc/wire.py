@@ -1,6 +1,7 @@
 """How the async executor's processes talk: the messages a stage worker sends the parent (small
 dataclasses), the activations and gradients between neighbouring workers (tensors as numpy copies
-on bounded queues) and the bounded waits on them (:class:`Channels`, docs/rgc.md)."""
+on bounded queues, each tagged with its step, micro-batch and sending stage: :func:`tagged`,
+:func:`untag`) and the bounded waits on them (:class:`Channels`, docs/rgc.md)."""
 
 from __future__ import annotations
 
@@ -83,10 +84,44 @@ class Failed:
     peer: int | None
 
 
-Message = Started | Ready | StepDone | StateAfter | PartSaved | Finished | Failed
+@dataclass(frozen=True)
+class WorkerEvents:
+    """The worker's compute events (:class:`lmrepro.rgc.events.EventLog`'s flat array), sent
+    once it trained its last step."""
+
+    worker: int
+    rows: Any
+
+
+Message = (Started | Ready | StepDone | StateAfter | PartSaved | Finished | Failed
+           | WorkerEvents)
 
 
 # -- worker <-> worker ---------------------------------------------------------------------------
+
+class MessageMismatch(RuntimeError):
+    """A worker received an activation or gradient tagged with another (step, micro-batch,
+    stage) than the one it was about to use it for."""
+
+
+def tagged(step: int, micro_batch: int, stage: int, payload: Any) -> tuple[int, int, int, Any]:
+    """What travels between two workers: the tag (``step`` whose graph the payload belongs to,
+    ``micro_batch``, the sending ``stage``) and the payload's tensors (:func:`to_wire`)."""
+    return step, micro_batch, stage, to_wire(payload)
+
+
+def untag(item: tuple[int, int, int, Any], step: int, micro_batch: int, stage: int, what: str
+          ) -> Any:
+    """The payload of a :func:`tagged` message, after checking its tag against the (``step``,
+    ``micro_batch``, ``stage``) the receiver expects; a mismatch raises
+    :class:`MessageMismatch` naming both (a slip in the lag or in a resend after a resume would
+    otherwise pair a gradient with another step's graph of the same shape, silently)."""
+    got = tuple(item[:3])
+    if got != (step, micro_batch, stage):
+        raise MessageMismatch(
+            f"{what}: received a message tagged (step {got[0]}, micro-batch {got[1]}, stage "
+            f"{got[2]}), expected (step {step}, micro-batch {micro_batch}, stage {stage})")
+    return from_wire(item[3])
 
 # -- parent -> worker: the training data ---------------------------------------------------------
 

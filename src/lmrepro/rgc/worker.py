@@ -17,16 +17,19 @@ import torch
 import torch.distributed as dist
 
 from lmrepro.data.batches import sample_batch
-from lmrepro.lifetime import die_with_multiprocessing_parent, fault_point, set_fault_spec
+from lmrepro.lifetime import (die_with_multiprocessing_parent, fault_armed, fault_point,
+                              set_fault_spec)
 from lmrepro.optim.comm import grads_to_flat
 from lmrepro.results import save_part
 from lmrepro.rgc.common import (ConsensusQueue, batch_generator, cadence, lr_at,
                                 make_adamw, micro_batches, set_lr, stage_fault_point,
                                 state_from_bytes, state_to_bytes)
 from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.events import EventLog
 from lmrepro.rgc.stages import decoder_parameters, stage_parameter_names
 from lmrepro.rgc.wire import (Channels, Failed, Finished, MappedBytes, PartSaved, Ready, Started,
-                              StateAfter, StepDone, Stopped, from_wire, received, to_wire)
+                              StateAfter, StepDone, Stopped, WorkerEvents, received, tagged,
+                              untag)
 from lmrepro.rgc.worker_stages import WorkerStages, own_stages_model
 
 
@@ -39,7 +42,7 @@ class WorkerArgs:
     ``bwd_out``; None where it has no neighbour), the results queue, the parent's ``stop``,
     ``finish`` and ``go`` events, the shared wait ``status`` array and the parent's armed fault
     point (:func:`lmrepro.lifetime.fault_spec`: the fork server may have started before a test
-    armed it)."""
+    armed it) and what the worker trains (``kind``: RGC, or the pipelined global backprop)."""
 
     w: int
     cfg_dict: dict[str, Any]
@@ -56,6 +59,7 @@ class WorkerArgs:
     go: Any
     status: Any
     faults: str | None
+    kind: str = "rgc"       # or "pipelined_backprop" (lmrepro.rgc.pipelined)
 
 
 def _fault_points(stages: list[int], step: int, timeout_s: float, backward: bool = False
@@ -64,6 +68,13 @@ def _fault_points(stages: list[int], step: int, timeout_s: float, backward: bool
     hang lasts ten timeouts, long enough for the others to notice."""
     for k in stages:
         fault_point(stage_fault_point(k, step, backward), hang_s=10 * timeout_s)
+
+
+def _slip(stage: int, step: int, backward: bool) -> int:
+    """1 when a test armed stage ``stage``'s mislabel fault point at ``step``
+    (:func:`lmrepro.rgc.common.stage_fault_point`): its messages then carry the next step's tag;
+    0 otherwise."""
+    return int(fault_armed(stage_fault_point(stage, step, backward, mislabel=True)))
 
 
 class StageWorker:
@@ -80,7 +91,8 @@ class StageWorker:
         model = own_stages_model(cfg, self.stages, start["model"])
         model.train()
         self.model = model
-        self.runner = WorkerStages(model, cfg, self.stages)
+        self.events = EventLog()
+        self.runner = WorkerStages(model, cfg, self.stages, self.events)
         self.names = {k: stage_parameter_names(model, self.runner.bounds, k) for k in self.stages}
         self.dec = decoder_parameters(model)
         self.dec_names = [f"decoder.{n}" for n, _ in model.decoder.named_parameters()]
@@ -137,6 +149,7 @@ class StageWorker:
                 self.a.results.put(PartSaved(self.a.w, done, time.perf_counter() - t0))
             elif last_or_ckpt or due.eval_due(done):
                 self.a.results.put(StateAfter(self.a.w, done, state_to_bytes(self.state())))
+        self.a.results.put(WorkerEvents(self.a.w, self.events.rows))
 
     def step(self, step: int) -> None:
         """One step: the forward phase, the backward phase (H > 1), the stages' updates, then
@@ -144,6 +157,7 @@ class StageWorker:
         cfg, runner = self.cfg, self.runner
         waited0 = self.link.waited_s
         runner.current_stage = self.first
+        self.events.at = step
         _fault_points(self.stages, step, cfg.timeout_s)
         set_lr([*self.opts.values(), self.opt_dec], lr_at(cfg, step))
         for opt in [*self.opts.values(), self.opt_dec]:
@@ -178,12 +192,13 @@ class StageWorker:
             if self.first == 0:
                 inp, ym = micro[m]
             else:
-                inp, ym = from_wire(self.link.get(
-                    q["fwd_in"], f"step {step} micro-batch {m} activations from stage "
-                    f"{self.first - 1}", self.first - 1))
+                what = f"step {step} micro-batch {m} activations from stage {self.first - 1}"
+                inp, ym = untag(self.link.get(q["fwd_in"], what, self.first - 1), step, m,
+                                self.first - 1, f"stage {self.first} waiting for {what}")
 
             def send(h: torch.Tensor, m: int = m, ym: torch.Tensor = ym) -> None:
-                self.link.put(q["fwd_out"], to_wire((h, ym)),
+                self.link.put(q["fwd_out"], tagged(step + _slip(last, step, False), m, last,
+                                                   (h, ym)),
                               f"step {step} micro-batch {m} activations to stage {last + 1}",
                               last + 1)
 
@@ -203,9 +218,11 @@ class StageWorker:
         sent = []
         for m in range(self.cfg.micro_batches):
             runner.current_stage = self.last
-            incoming = from_wire(self.link.get(
-                q["bwd_in"], f"step {kept} micro-batch {m} gradient from stage "
-                f"{self.last + 1}", self.last + 1)) if runner.receives_gradients else {}
+            incoming = {}
+            if runner.receives_gradients:
+                what = f"step {kept} micro-batch {m} gradient from stage {self.last + 1}"
+                incoming = untag(self.link.get(q["bwd_in"], what, self.last + 1), kept, m,
+                                 self.last + 1, f"stage {self.last} waiting for {what}")
             out = runner.backward(m, incoming, None if m else before_stage, kept)
             if runner.sends_gradients:
                 self._send_gradient(step, m, out)
@@ -222,8 +239,10 @@ class StageWorker:
         sent when that is past this invocation's last step (they stay in :attr:`sent`)."""
         if self.cfg.runs_ahead and step + self.cfg.consensus_staleness >= self.a.stop_step:
             return
-        self.link.put(self.a.queues["bwd_out"], to_wire(out), f"step {step} micro-batch {m} "
-                      f"gradient to stage {self.first - 1}", self.first - 1)
+        kept = step - self.lag + _slip(self.first, step, True)   # the step of the graph
+        self.link.put(self.a.queues["bwd_out"], tagged(kept, m, self.first, out),
+                      f"step {kept} micro-batch {m} gradient to stage {self.first - 1}",
+                      self.first - 1)
 
     def _consensus(self) -> bool:
         """All-reduce the decoder's readout gradients (sum / K); apply the one due now."""
@@ -282,7 +301,11 @@ def _stage_worker(a: WorkerArgs) -> None:
         if not a.go.wait(timeout=cfg.timeout_s):
             raise TimeoutError(f"the parent did not start the run within "
                                f"{cfg.timeout_s:.0f} s (rgc.timeout_s)")
-        worker = StageWorker(a, cfg)
+        if a.kind == "rgc":
+            worker = StageWorker(a, cfg)
+        else:
+            from lmrepro.rgc.pipelined import PipelinedWorker
+            worker = PipelinedWorker(a, cfg)
         a.results.put(Ready(a.w))
         worker.train()
         a.results.put(Finished(a.w))

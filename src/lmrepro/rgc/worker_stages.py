@@ -24,6 +24,7 @@ import torch.nn as nn
 from lmrepro.errors import check
 from lmrepro.model import ByteTransformer
 from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.events import BACKWARD, FORWARD, READOUT, EventLog
 from lmrepro.rgc.stages import (merge_gradients, readout_backward, run_stage, stage_backward,
                                 stage_bounds, stage_modules, stage_parameter_names,
                                 stage_parameters, window_bottom)
@@ -84,11 +85,17 @@ class WorkerStages:
     readout gradient) and finishes the backward of every stage no gradient will come back to.
     :meth:`backward` (H > 1) takes the gradients from the next worker for a micro-batch of a kept
     step, backpropagates through the kept stages and returns what continues to the previous
-    worker. ``current_stage`` names the stage running, for error reports.
+    worker. ``current_stage`` names the stage running, for error reports. With ``events``, each
+    stage's blocks forward, readout and backward per micro-batch are recorded there
+    (:mod:`lmrepro.rgc.events`).
     """
 
-    def __init__(self, model: ByteTransformer, cfg: RGCConfig, stages: list[int]) -> None:
+    def __init__(self, model: ByteTransformer, cfg: RGCConfig, stages: list[int],
+                 events: EventLog | None = None, readouts: set[int] | None = None) -> None:
         self.model, self.cfg, self.stages = model, cfg, list(stages)
+        self.events = events
+        # the stages that read out (RGC: every one); the others only pass gradients on
+        self.readouts = set(self.stages) if readouts is None else readouts
         self.bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
         self.params = {k: stage_parameters(model, self.bounds, k) for k in self.stages}
         self.scale = 1.0 / cfg.micro_batches
@@ -122,6 +129,13 @@ class WorkerStages:
             return run_modules(self._snapshot(step, k), inp)
         return run_stage(self.model, self.bounds, k, inp)
 
+    def _clock(self) -> int:
+        return EventLog.start() if self.events is not None else 0
+
+    def _log(self, phase: int, k: int, step: int, m: int, t0: int) -> None:
+        if self.events is not None:
+            self.events.add(phase, k, step, m, t0)
+
     def forward(self, m: int, x: torch.Tensor, y: torch.Tensor,
                 send: Callable[[torch.Tensor], None] | None = None, step: int = 0
                 ) -> list[float]:
@@ -129,14 +143,16 @@ class WorkerStages:
         stage's activation. Runs the blocks of every stage of this worker first, hands the last
         one's activation to ``send`` (so the next worker starts as early as possible: the
         pipeline's fill is the blocks' forward alone), then reads each stage out. Returns the
-        local losses (nats) of this worker's stages."""
+        local losses (nats) of this worker's stages (of those in ``readouts``)."""
         inputs, outputs, received = [], [], []
         h = x
         for k in self.stages:
             self.current_stage = k
             received.append(h.detach())
             inp = h if k == 0 else h.detach().requires_grad_(self.cfg.horizon > 1)
+            t0 = self._clock()
             h = self._run(step, k, inp)
+            self._log(FORWARD, k, step, m, t0)
             inputs.append(None if k == 0 else inp)
             outputs.append(h)
         if send is not None:
@@ -144,13 +160,19 @@ class WorkerStages:
         losses = []
         for k, stage_in, h, x_k in zip(self.stages, inputs, outputs, received):
             self.current_stage = k
-            loss, g_own = readout_backward(self.model, h, y, self.scale)
-            losses.append(loss)
-            own = {window_bottom(k, self.cfg.horizon): g_own}
+            own: dict[int, torch.Tensor] = {}
+            if k in self.readouts:
+                t0 = self._clock()
+                loss, g_own = readout_backward(self.model, h, y, self.scale)
+                self._log(READOUT, k, step, m, t0)
+                losses.append(loss)
+                own = {window_bottom(k, self.cfg.horizon): g_own}
             if self.waits_for_gradient(k):
                 self._kept[(step, k, m)] = Kept(stage_in, h, own, x_k)
             else:
+                t0 = self._clock()
                 self._done[(step, k, m)] = stage_backward(k, h, stage_in, self.params[k], own)
+                self._log(BACKWARD, k, step, m, t0)
         return losses
 
     def backward(self, m: int, incoming: dict[int, torch.Tensor],
@@ -169,8 +191,10 @@ class WorkerStages:
                 kept = self._kept.pop((step, k, m))
                 params = (self.params[k] if (step, k) not in self._snapshots else
                           [p for mod in self._snapshots[(step, k)] for p in mod.parameters()])
+                t0 = self._clock()
                 grads = stage_backward(k, kept.h, kept.inp, params,
                                        merge_gradients(kept.own, grads))
+                self._log(BACKWARD, k, step, m, t0)
                 if m == self.cfg.micro_batches - 1 and (step, k) in self._snapshots:
                     for p, q in zip(self.params[k], params):
                         p.grad = q.grad

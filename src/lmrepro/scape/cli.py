@@ -82,9 +82,9 @@ def worker_main(argv: list[str] | None = None) -> int:
     """``python -m lmrepro.scape.cli ARGS``: the ``train-scape`` worker without the rest of the
     ``lmrepro`` command (the launcher's entry: a worker loads no other wing), with the same
     flags, errors and exit statuses."""
-    from lmrepro.entry import execute
+    from lmrepro.entry import ArgumentParser, execute
 
-    p = argparse.ArgumentParser(prog="python -m lmrepro.scape.cli",
+    p = ArgumentParser(prog="python -m lmrepro.scape.cli",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_run_arguments(p)

@@ -194,11 +194,13 @@ def _cluster(args: argparse.Namespace, values: dict[str, float | None]):
         link = values["allreduce-busbw-gbyte"] * 1e9 / args.nics_per_node
     else:
         link = (values["inter-node-gbit"] or 200.0) * 1e9 / 8
+    mfu = values["mfu"]
+    assert mfu is not None          # --mfu has a default (0.5)
     return Cluster(world=args.world_size, gpus_per_node=args.gpus_per_node,
                    nics_per_node=args.nics_per_node,
                    intra=Link(args.intra_node_latency_us * 1e-6, args.intra_node_gbyte * 1e9),
                    inter=Link(args.inter_node_latency_us * 1e-6, link),
-                   peak_flops=args.tflops * 1e12, mfu=values["mfu"],
+                   peak_flops=args.tflops * 1e12, mfu=mfu,
                    hbm_bytes_per_s=args.hbm_gbyte * 1e9)
 
 
