@@ -334,3 +334,28 @@ def test_foreign_nanogpt_script_under_torchrun(tmp_path):
     assert res["replicas_identical"] and res["steps"] == 30
     assert res["last"] < 0.8 * res["first"]
     assert res["lrs"] == pytest.approx([3e-3, 3e-3])
+
+
+def test_evaluations_along_a_wsd_run_change_none_of_its_numbers(corpus, tmp_path):
+    """``eval_at``: rank 0 scores the validation and test splits after the listed step counts
+    (a loss curve); the run's per-step losses, lrs and final model equal a run without them, and
+    the wsd schedule holds its lr until the decay."""
+    from lmrepro.scape.launch import launch_train_scape
+
+    cfg, run, model, _ = _run(corpus, tmp_path, "scape", 0.9, lr_schedule="wsd",
+                              decay_fraction=0.25, sparsity_warmup_steps=3)
+    plain = launch_train_scape(corpus, tmp_path / "plain", 2, cfg, run, model, seed=SEED,
+                               timeout_s=100)
+    curve = launch_train_scape(corpus, tmp_path / "curve", 2, cfg.replace(eval_at=[2, 5, 8]),
+                               run, model, seed=SEED, timeout_s=100)
+    a, b = read_run(plain), read_run(curve)
+    steps_a = [(r["step"], r["loss"], r["lr"]) for r in a["metrics"] if "loss" in r]
+    steps_b = [(r["step"], r["loss"], r["lr"]) for r in b["metrics"] if "loss" in r]
+    assert steps_a == steps_b
+    points = [r for r in b["metrics"] if "test_bpb" in r]
+    assert [r["step"] + 1 for r in points] == [2, 5, 8]
+    assert all(r["eval_bpb"] > 0 and r["test_bpb"] > 0 for r in points)
+    assert [lr for _, _, lr in steps_a[3:9]] == [COMMON["lr"]] * 6      # stable until the decay
+    assert steps_a[-1][2] < COMMON["lr"]
+    fa, fb = torch_load(plain / "model_final.pt"), torch_load(curve / "model_final.pt")
+    assert all(torch.equal(fa["model"][k], fb["model"][k]) for k in fa["model"])
