@@ -92,6 +92,55 @@ def test_a_bad_study_is_refused_naming_the_key(change, fragment: str) -> None:
         ScalingStudy(**raw)
 
 
+def _mechanism_raw() -> dict:
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    return raw["profiles"]["mechanism"]["scape"]["scaling"]
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda s: s.update(sweep_runs=["scape90", "nope"]), "sweep_runs"),
+    (lambda s: s["contrasts"][0].update(baseline="nope"), "contrasts[0]"),
+    (lambda s: s["runs"]["2x64"][0].update(off_mask_momentum="zero"), "off_mask_momentum"),
+    (lambda s: s["runs"]["2x64"][0].update(dense_steps=10), "dense_steps"),
+    (lambda s: s["runs"]["2x64"][4].update(mask_rule="stale_m"), "off_mask_momentum"),
+])
+def test_a_bad_mechanism_study_is_refused_naming_the_key(change, fragment: str) -> None:
+    from lmrepro.scape.config import ScalingStudy
+
+    raw = _mechanism_raw()
+    ScalingStudy(**raw)
+    change(raw)
+    with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        ScalingStudy(**raw)
+
+
+def test_a_runs_own_dense_steps_and_momentum_rule_reach_its_worker() -> None:
+    """A study run's dense steps travel as the section's --dense-steps; the momentum rule is
+    the method's own unless the run sets it."""
+    import argparse
+
+    from lmrepro.config import from_arguments
+    from lmrepro.model import ModelConfig
+    from lmrepro.scape import cli
+    from lmrepro.scape.config import ScapeConfig, ScapeRun
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    runs = {r["name"]: ScapeRun(**r) for r in _mechanism_raw()["runs"]["2x64"]}
+    cfg = ScapeConfig(steps=10, dense_steps=3)
+    for name, dense, rule in (("scape90", 3, "zero"), ("scape90_dense", 500, "zero"),
+                              ("scape90_keepm", 3, "decay"), ("topk99", 3, "decay"),
+                              ("topk99_zerom", 3, "zero")):
+        run = runs[name]
+        args = parser.parse_args(["train-scape", *cli.worker_argv(cfg, run, ModelConfig(), "c",
+                                                                  "o", seed=0)])
+        got_cfg = from_arguments(ScapeConfig, args)
+        got_run = from_arguments(ScapeRun, args, exclude=cli.RUN_OWN)
+        assert got_cfg.dense_steps == dense and got_cfg.lr == run.lr, name
+        assert got_run.momentum_rule == rule and got_run.off_mask_momentum == \
+            run.off_mask_momentum, name
+
+
 def test_warm_ups_scale_with_the_run() -> None:
     from lmrepro.scape.config import ScapeConfig
     from lmrepro.scape.scaling import scaled_settings

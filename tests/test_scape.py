@@ -394,6 +394,11 @@ def test_bad_sparsity(bad):
     ({"max_grad_norm": float("inf")}, r"max_grad_norm = inf"),
     ({"mask_rule": "m_abs"}, r"mask_rule = 'm_abs': must be one of"),
     ({"bias_correction": 1}, r"bias_correction = 1: must be True or False"),
+    ({"off_mask_momentum": "keep"}, r"off_mask_momentum = 'keep': must be one of"),
+    ({"off_mask_momentum": "decay", "mask_rule": "stale_m"},
+     r"off_mask_momentum = 'decay': 'decay' needs mask_rule='ef_momentum'"),
+    ({"off_mask_momentum": "decay", "decay_scope": "mask"},
+     r"off_mask_momentum = 'decay': .*\(got 'ef_momentum', 'mask'\)"),
     ({"lr": -1.0}, r"SCAPE\.lr = -1.0"),
 ])
 def test_bad_options(kw, match):
@@ -492,3 +497,111 @@ def test_mask_diagnostics_describe_consecutive_masks():
                 b1, b2 = BETAS
                 assert info["step_enter"] <= (1 - b1) / math.sqrt(1 - b2) * 1.01
         prev = cur
+
+
+# ----------------------------------------------------------------------------------------------
+# the momentum off the mask (off_mask_momentum) and the diagnostics that carry information
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rule", ["zero", "decay"])
+def test_off_mask_momentum_rules(rule):
+    """Both rules keep m + r = b1 m_prev + (1 - b1) g + r_prev on every coordinate (world 1, no
+    clipping) and r = 0 on the mask. "zero" (the authors'): m = 0 off the mask, which does not
+    move (no weight decay here). "decay": m = b1 m_prev off the mask, the residual gains only
+    (1 - b1) g there, and the coordinate steps by lr b1 m bc1 / (sqrt(b2) |m| bc2 + eps); the
+    share of sum |u| off the mask is recorded as off_mask_mass."""
+    b1, b2 = BETAS
+    lr = 0.01
+    ps = make_params(SHAPES)
+    opt = SCAPE(grouped(ps, lrs=(lr, lr), wds=(0.0, 0.0)), sparsity=0.95, betas=BETAS, eps=EPS,
+                off_mask_momentum=rule)
+    masses = []
+    for t in range(6):
+        g = flat(flat_order(rank_grads(t, 0, SHAPES)))
+        set_grads(ps, rank_grads(t, 0, SHAPES))
+        m_prev, r_prev, before = opt.m.clone(), opt.residual.clone(), opt.master.clone()
+        opt.step()
+        on = opt.last_in == t
+        off = ~on
+        assert torch.allclose(opt.m + opt.residual, b1 * m_prev + (1 - b1) * g + r_prev,
+                              atol=1e-6), t
+        assert not opt.residual[on].any()
+        moved = before - opt.master
+        mass = opt.last_step_info["off_mask_mass"]
+        if rule == "zero":
+            assert not opt.m[off].any() and not moved[off].any() and mass == 0.0
+            continue
+        assert torch.equal(opt.m[off], m_prev[off] * b1)
+        assert torch.allclose(opt.residual[off], r_prev[off] + (1 - b1) * g[off], atol=1e-7)
+        bc1, bc2 = 1 / (1 - b1 ** (t + 1)), 1 / math.sqrt(1 - b2 ** (t + 1))
+        u = b1 * m_prev * bc1 / (math.sqrt(b2) * m_prev.abs() * bc2 + EPS)
+        assert torch.allclose(moved[off], lr * u[off], rtol=1e-3, atol=1e-6), t
+        expect = (moved[off].double().abs().sum() / moved.double().abs().sum()).item()
+        assert mass == pytest.approx(expect, rel=1e-3, abs=1e-9)
+        masses.append(mass)
+    if rule == "decay":
+        # step 0 bootstraps M_0 from c_0 and M_1 ranks c_0 too: momentum off the mask from t = 1
+        assert masses[0] == 0.0 and min(masses[2:]) > 0.3
+
+
+def test_off_mask_decay_state_roundtrip_and_refusal():
+    ps, qs = make_params(SHAPES), make_params(SHAPES)
+    a = SCAPE(grouped(ps), sparsity=0.9, off_mask_momentum="decay", betas=BETAS, eps=EPS)
+    for t in range(3):
+        set_grads(ps, rank_grads(t, 0, SHAPES))
+        a.step()
+    state = a.state_dict()
+    b = SCAPE(grouped(qs), sparsity=0.9, off_mask_momentum="decay", betas=BETAS, eps=EPS)
+    with torch.no_grad():
+        for p, q in zip(ps, qs):
+            q.copy_(p)
+    b.load_state_dict(state)
+    for t in range(3, 6):
+        g = rank_grads(t, 0, SHAPES)
+        set_grads(ps, g)
+        set_grads(qs, g)
+        a.step()
+        b.step()
+        assert torch.equal(flat(ps), flat(qs)) and torch.equal(a.m, b.m)
+    with pytest.raises(ParameterError, match=r"state_dict\['off_mask_momentum'\] = 'decay'"):
+        SCAPE(grouped(make_params(SHAPES)), sparsity=0.9).load_state_dict(state)
+
+
+def test_recent_fraction_and_off_mask_mass_on_constructed_cases():
+    from lmrepro.optim.scape_layout import off_mask_direction, off_mask_mass, recent_fraction
+
+    # the last step each coordinate was in the mask; the last two are sent whole (step 150)
+    last_in = torch.tensor([-1, 0, 5, 99, 100, 150, 150])
+    assert recent_fraction(last_in, 150, n_excluded=2) == pytest.approx(2 / 5)    # 100, 150
+    assert recent_fraction(last_in, 150, 2, window=200) == pytest.approx(4 / 5)
+    assert recent_fraction(last_in, 150, 2, window=1) == 0.0
+    on = torch.tensor([True, False, False])
+    assert off_mask_mass(torch.tensor([3.0, 4.0, 1.0]), on) == pytest.approx(5 / 8)
+    assert off_mask_mass(torch.tensor([3.0, 0.0, 0.0]), on) == 0.0
+    assert off_mask_mass(torch.zeros(3), on) is None
+    # a coordinate that left the mask keeps a step of about b1 / sqrt(b2) in sign(m)
+    u = off_mask_direction(torch.tensor([1e-3, -2e-2, 0.0]), 0.9, 0.95, 1e-8, 1.0, 1.0)
+    assert u[:2].tolist() == pytest.approx([0.9 / math.sqrt(0.95), -0.9 / math.sqrt(0.95)],
+                                           rel=1e-4)
+    assert u[2] == 0.0
+
+
+def test_recent_coverage_is_the_union_of_the_last_100_masks():
+    """Per step, recent_coverage is |union of M_s, s in (t - 100, t]| over the top-k tensors'
+    coordinates: equal to coverage() (ever selected) up to step 99, below it after."""
+    ps = make_params(SHAPES)
+    opt = SCAPE(ps, sparsity=0.99, **HP)
+    top = torch.zeros(opt.n, dtype=torch.bool)
+    for sl in opt.slots:
+        if not sl.excluded:
+            top[sl.offset:sl.offset + sl.numel] = True
+    masks = []
+    for t in range(130):
+        set_grads(ps, rank_grads(t % 7, 0, SHAPES))
+        opt.step()
+        masks.append((opt.last_in == t) & top)
+        union = torch.stack(masks[-100:]).any(0)
+        got = opt.last_step_info["recent_coverage"]
+        assert got == pytest.approx(union.sum().item() / top.sum().item()), t
+        if t < 100:
+            assert got == pytest.approx(opt.coverage())
+    assert got < opt.coverage()

@@ -175,3 +175,56 @@ def test_topk_bad_schedule():
         TopKEF(_inner("adams", ps), sparsity=0.9, sparsity_warmup_steps=-1)
     with pytest.raises(ParameterError, match=r"TopKEF\.sparsity_start = 1"):
         TopKEF(_inner("adams", ps), sparsity=0.9, sparsity_start=1)
+
+
+def _momentum(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> torch.Tensor:
+    """The inner optimizer's first moment, flat (zeros before its first step)."""
+    return flat([opt.state[p].get("m", opt.state[p].get("exp_avg", torch.zeros_like(p)))
+                 if p in opt.state else torch.zeros_like(p) for p in params])
+
+
+@pytest.mark.parametrize("kind", ["adams", "adamw"])
+def test_off_mask_momentum_rules_and_diagnostics(kind):
+    """"decay" (top-k's own): off the coordinates sent the inner momentum decays by b1 and the
+    coordinates keep moving; off_mask_mass is that movement's share of sum |u| (weight decay
+    taken out). "zero" (SCAPE's rule): m = 0 there, they move by weight decay alone, and the
+    residual holds b1 m / (1 - b1) besides the unsent gradient (deferred, not lost).
+    recent_coverage is the fraction of the top-k tensors sent at least once (under 100 steps:
+    ever)."""
+    lr, wd, b1 = HP["lr"], HP["weight_decay"], HP["betas"][0]
+    n_top = sum(math.prod(s) for s in SHAPES if len(s) > 1)
+    for rule in ("decay", "zero"):
+        ps = make_params(SHAPES)
+        inner = _inner(kind, ps)
+        opt = TopKEF(inner, sparsity=0.95, off_mask_momentum=rule)
+        for t in range(5):
+            grads = rank_grads(t, 0, SHAPES)
+            for p, g in zip(ps, grads):
+                p.grad = g
+            before, m_prev = flat(ps), _momentum(inner, ps)
+            a = opt.residual + flat(grads)
+            opt.step()
+            sent = opt.last_in == t
+            m = _momentum(inner, ps)
+            u = (before * (1 - lr * wd) - flat(ps)).abs()      # one group: every tensor decays
+            info = opt.last_step_info
+            if rule == "zero":
+                assert not m[~sent].any()
+                assert u[~sent].max() < 1e-6                  # rounding; lr |u| ~ 1e-2 on it
+                assert info["off_mask_mass"] < 1e-4
+                assert torch.allclose(opt.residual[~sent], (a + b1 / (1 - b1) * m_prev)[~sent],
+                                      rtol=1e-5, atol=1e-6)
+            else:
+                assert torch.allclose(m[~sent], b1 * m_prev[~sent])
+                share = (u[~sent].double().sum() / u.double().sum()).item()
+                assert info["off_mask_mass"] == pytest.approx(share, rel=1e-3, abs=1e-6)
+                assert (t == 0) == (share < 1e-4)
+            ever = (opt.ever.sum().item() - (flat(ps).numel() - n_top)) / n_top
+            assert info["recent_coverage"] == pytest.approx(ever) == pytest.approx(opt.coverage())
+        if rule == "decay":
+            assert info["off_mask_mass"] > 0.3       # the dense momentum moves most of it
+
+
+def test_off_mask_rule_bad_input():
+    with pytest.raises(ParameterError, match=r"TopKEF\.off_mask_momentum = 'keep': must be one"):
+        TopKEF(_inner("adams", make_params(SHAPES)), sparsity=0.9, off_mask_momentum="keep")

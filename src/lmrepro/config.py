@@ -230,6 +230,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[BaseModel], prefix:
             kw["help"] += "; 'null' for none"
             inner_type = kw.get("type", str)
             kw["type"] = (lambda s, f=inner_type: None if s == "null" else f(s))
+            if "choices" in kw:
+                kw["choices"].append(None)     # what the type makes of 'null'
         parser.add_argument(_flag(name, prefix), **kw)
 
 

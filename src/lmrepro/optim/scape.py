@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -61,26 +60,16 @@ from .adams import bias_corrections
 from .comm import (Comm, FlatParams, all_finite, check_grads, check_params, check_same_size,
                    clip_coefficient, keep_count, nonfinite_error, pack_bits, topk_indices,
                    unpacked_indices)
-from .errors import ParameterError, check
-from .scape_layout import (DECAY_SCOPES, MASK_RULES, Slot, apply_update, assign_owners,
-                           build_layout, checked_groups, density_at, mask_diagnostics, sparsity_at)
+from .errors import check
+from .scape_layout import (DECAY_SCOPES, MASK_RULES, OFF_MASK_MOMENTUM, Slot, apply_update,
+                           assign_owners, build_layout, checked_groups, density_at,
+                           mask_diagnostics, off_mask_direction, off_mask_mass, recent_fraction,
+                           sparsity_at)
+from .scape_state import STATE_FORMAT, Pending, restore, state_of
 
-__all__ = ["DECAY_SCOPES", "MASK_RULES", "SCAPE", "STATE_FORMAT", "Slot", "assign_owners",
-           "sparsity_at"]
+__all__ = ["DECAY_SCOPES", "MASK_RULES", "OFF_MASK_MOMENTUM", "SCAPE", "STATE_FORMAT", "Slot",
+           "assign_owners", "sparsity_at"]
 
-STATE_FORMAT = "lmrepro.SCAPE/2"
-
-
-@dataclass
-class _Pending:
-    """The next step's mask: either in flight (``work`` to wait for, then decode ``buf``) or
-    decoded (``idx``); ``own`` is this rank's part, which needs no decoding."""
-
-    density: float
-    buf: torch.Tensor | None = None
-    work: Any = None
-    own: torch.Tensor | None = None
-    idx: torch.Tensor | None = None
 
 
 class SCAPE(torch.optim.Optimizer):
@@ -101,6 +90,9 @@ class SCAPE(torch.optim.Optimizer):
             AdamS's formula.
         max_grad_norm: clip the synced gradient to this global norm (None: no clipping).
         mask_rule: ``"ef_momentum"`` (the authors') or ``"stale_m"`` (the ablation).
+        off_mask_momentum: ``"zero"`` (the authors': ``m = 0`` off the mask) or ``"decay"`` (an
+            ablation: AdamS with no gradient there, ``m <- b1 m``, so coordinates keep moving
+            after they leave the mask; the residual keeps only what was not synced).
         process_group: ``torch.distributed`` group (default: the world); without an initialised
             process group the optimizer runs alone with local collectives.
 
@@ -114,13 +106,14 @@ class SCAPE(torch.optim.Optimizer):
                  sparsity_start: float = 0.0, sparsity_warmup_steps: int = 0,
                  exclude_1d_from_topk: bool = True, bias_correction: bool = True,
                  max_grad_norm: float | None = None, mask_rule: str = "ef_momentum",
-                 decay_scope: str = "all", process_group: Any = None) -> None:
+                 decay_scope: str = "all", off_mask_momentum: str = "zero",
+                 process_group: Any = None) -> None:
         who = "SCAPE"
         groups = checked_groups(params, lr, betas, eps, weight_decay, sparsity, dense_steps,
                                 sparsity_start, sparsity_warmup_steps,
                                 {"exclude_1d_from_topk": exclude_1d_from_topk,
                                  "bias_correction": bias_correction},
-                                max_grad_norm, mask_rule, decay_scope)
+                                max_grad_norm, mask_rule, decay_scope, off_mask_momentum)
         all_params = [p for g in groups for p in g["params"]]
         all_names = [n for g in groups for n in g["names"]]
         check_params(all_params, all_names, who)
@@ -139,6 +132,7 @@ class SCAPE(torch.optim.Optimizer):
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.mask_rule = mask_rule
         self.decay_scope = decay_scope
+        self.off_mask_momentum = off_mask_momentum
         self.betas = (float(betas[0]), float(betas[1]))
         self.eps = float(eps)
 
@@ -176,7 +170,7 @@ class SCAPE(torch.optim.Optimizer):
         # the last step each coordinate was in the mask (-1: never), for the mask diagnostics
         self.last_in = torch.full((self.n,), -1, dtype=torch.int64, device=dev)
         self._support: torch.Tensor | None = None   # where m may be non-zero (None: anywhere)
-        self._pending: _Pending | None = None
+        self._pending: Pending | None = None
         self._step = 0
         self._sparse_steps = 0
         self._target_steps = 0
@@ -247,10 +241,10 @@ class SCAPE(torch.optim.Optimizer):
             return torch.zeros(0, dtype=torch.int64, device=source.device)
         return torch.cat(parts)
 
-    def _launch_mask(self, source: torch.Tensor, density: float, async_op: bool) -> _Pending:
+    def _launch_mask(self, source: torch.Tensor, density: float, async_op: bool) -> Pending:
         """Select this rank's part of the mask of ``density`` and start gathering the parts."""
         own = self._select_owned(source, density)
-        pend = _Pending(density=density, own=own)
+        pend = Pending(density=density, own=own)
         kind, size = self.layout.mask_encoding(density)
         if kind == "index":
             send = torch.zeros(size, dtype=torch.int32, device=self.device)
@@ -265,7 +259,7 @@ class SCAPE(torch.optim.Optimizer):
         pend.buf, pend.work = self.comm.all_gather(send, "mask", async_op=async_op)
         return pend
 
-    def _decode(self, pend: _Pending) -> torch.Tensor:
+    def _decode(self, pend: Pending) -> torch.Tensor:
         """Wait for a pending mask and return its global indices (owners' parts in rank order,
         then the excluded tensors)."""
         if pend.idx is not None:
@@ -323,12 +317,16 @@ class SCAPE(torch.optim.Optimizer):
         c, finite = self._corrected_momentum()                          # 1.
         idx, s, nxt = self._exchange(c, finite, d_now, d_next, info)    # 2., 3. (6. launched)
         s, u = self._direction(s, idx, t, info)                         # 4.
-        self._keep(idx, s, c)                                           # m, and r = c off M_t
         if idx is None:
             self.last_in.fill_(t)
         else:
             info.update(mask_diagnostics(idx, u, t, self.last_in, self.n_excluded))
-        self._apply_update(idx, u)                                      # 5. every coordinate
+            info["recent_coverage"] = recent_fraction(self.last_in, t, self.n_excluded)
+            info["off_mask_mass"] = 0.0
+            if self.off_mask_momentum == "decay":
+                u = self._decayed_direction(idx, u, t, info)
+        self._keep(idx, s, c)                                           # m, and r = c off M_t
+        self._apply_update(None if u.numel() == self.n else idx, u)     # 5. every coordinate
         if self.mask_rule == "stale_m" and d_next < 1.0:
             nxt = self._launch_mask(self.m, d_next, async_op=True)
         self._pending = nxt
@@ -360,7 +358,7 @@ class SCAPE(torch.optim.Optimizer):
 
     def _exchange(self, c: torch.Tensor, finite: bool, d_now: float, d_next: float,
                   info: dict[str, Any]
-                  ) -> tuple[torch.Tensor | None, torch.Tensor, _Pending | None]:
+                  ) -> tuple[torch.Tensor | None, torch.Tensor, Pending | None]:
         """``M_t`` (waiting for its all-gather), the one all-reduce of ``c`` on it, and the next
         mask launched while the payload travels: ``(M_t or None when dense, the mean of c on
         M_t, the next mask in flight)``. Raises when any rank's gradient was not finite."""
@@ -386,7 +384,7 @@ class SCAPE(torch.optim.Optimizer):
         if bad > 0:
             if nxt is not None:
                 self._decode(nxt)
-            self._pending = _Pending(density=d_now, idx=idx) if idx is not None else None
+            self._pending = Pending(density=d_now, idx=idx) if idx is not None else None
             raise nonfinite_error("SCAPE", self._params, self._names, bad, self.comm)
         world = self.comm.world
         return idx, (buf[:k] if world == 1 else buf[:k].div(world)), nxt
@@ -415,12 +413,30 @@ class SCAPE(torch.optim.Optimizer):
             return s, s / (v.sqrt() + self.eps)
         return s, (s * bc1) / (v.sqrt() * bc2 + self.eps)
 
+    def _decayed_direction(self, idx: torch.Tensor, u: torch.Tensor, t: int,
+                           info: dict[str, Any]) -> torch.Tensor:
+        """``off_mask_momentum="decay"``: the step on every coordinate, ``u`` on ``M_t`` and
+        AdamS with a zero gradient off it (:func:`.scape_layout.off_mask_direction`)."""
+        bc1, bc2 = bias_corrections(t + 1, *self.betas, self.bias_correction)
+        full = off_mask_direction(self.m, *self.betas, self.eps, bc1, bc2)
+        full.index_copy_(0, idx, u)
+        on = torch.zeros(self.n, dtype=torch.bool, device=self.device)
+        on[idx] = True
+        info["off_mask_mass"] = off_mask_mass(full.abs(), on)
+        return full
+
     def _keep(self, idx: torch.Tensor | None, s: torch.Tensor, c: torch.Tensor) -> None:
-        """``m``: the synced value on ``M_t``, 0 off it; the residual: ``c`` with ``M_t`` zeroed
+        """``m``: the synced value on ``M_t``, 0 off it (``decay``: ``b1 m`` off it); the
+        residual: ``c`` with ``M_t`` zeroed (``decay``: less ``b1 m``, which ``m`` carries)
         (the workspace and the residual swap, no copy)."""
         if idx is None:
             self.m.copy_(s)
             self.residual.zero_()
+        elif self.off_mask_momentum == "decay":
+            c.sub_(self.m, alpha=self.betas[0])
+            self.m.mul_(self.betas[0]).index_copy_(0, idx, s)
+            c.index_fill_(0, idx, 0.0)
+            self._c, self.residual = self.residual, c
         else:
             if self.mask_rule == "ef_momentum":
                 if self._support is None:
@@ -430,7 +446,8 @@ class SCAPE(torch.optim.Optimizer):
             self.m.index_copy_(0, idx, s)
             c.index_fill_(0, idx, 0.0)
             self._c, self.residual = self.residual, c
-        self._support = idx if self.mask_rule == "ef_momentum" else None
+        self._support = (idx if self.mask_rule == "ef_momentum"
+                         and self.off_mask_momentum == "zero" else None)
 
     def _apply_update(self, idx: torch.Tensor | None, u: torch.Tensor) -> None:
         """``p <- p (1 - lr wd) - lr u`` (:func:`.scape_layout.apply_update`) on the master copy,
@@ -441,60 +458,11 @@ class SCAPE(torch.optim.Optimizer):
 
     # -- checkpointing -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """This rank's state: ``m``, its residual, the masks (the in-flight one is waited for),
-        coverage bits, the step, and the groups' hyper-parameters. Tensors and plain types only:
-        loadable with ``torch.load(weights_only=True)``. The model's parameters are saved with the
-        model (replicated)."""
-        nxt = None
-        if self._pending is not None:
-            nxt = self._decode(self._pending).clone()
-        return {
-            "format": STATE_FORMAT, "step": self._step, "sparse_steps": self._sparse_steps,
-            "target_steps": self._target_steps, "ever_at_target": self.ever_at_target.clone(),
-            "rank": self.comm.rank, "world": self.comm.world,
-            "numels": [s.numel for s in self.slots], "mask_rule": self.mask_rule,
-            "m": self.m.clone(), "residual": self.residual.clone(), "ever": self.ever.clone(),
-            "support": None if self._support is None else self._support.clone(),
-            "last_in": self.last_in.clone(),
-            "next_mask": nxt,
-            "next_density": None if self._pending is None else self._pending.density,
-            "master": None if self.master is self.flat.flat else self.master.clone(),
-            "param_groups": [{k: (list(v) if isinstance(v, tuple) else v)
-                              for k, v in g.items() if k not in ("params", "names")}
-                             for g in self.param_groups],
-        }
+        """This rank's state (:func:`.scape_state.state_of`): ``torch.load(weights_only=True)``
+        loads it; the model's parameters are saved with the model."""
+        return state_of(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state saved by the same rank of an identical set-up (same world size, model,
-        groups and rule). Restore the model's parameters separately (before or after)."""
-        check(isinstance(state, dict) and state.get("format") == STATE_FORMAT,
-              "SCAPE state_dict", state.get("format") if isinstance(state, dict) else
-              type(state).__name__, f"must come from SCAPE.state_dict() ({STATE_FORMAT})")
-        for key, mine in (("rank", self.comm.rank), ("world", self.comm.world),
-                          ("numels", [s.numel for s in self.slots]),
-                          ("mask_rule", self.mask_rule)):
-            if state[key] != mine:
-                raise ParameterError(f"SCAPE state_dict[{key!r}]", state[key],
-                                     f"must equal this optimizer's {mine!r} (same world size, "
-                                     "model, parameter groups and mask rule)")
-        check(len(state["param_groups"]) == len(self.param_groups), "SCAPE state_dict",
-              f"{len(state['param_groups'])} groups", f"must have {len(self.param_groups)}")
-        self._step = int(state["step"])
-        self._sparse_steps = int(state["sparse_steps"])
-        self._target_steps = int(state["target_steps"])
-        self.ever_at_target.copy_(state["ever_at_target"])
-        self.m.copy_(state["m"])
-        self.residual.copy_(state["residual"])
-        self.ever.copy_(state["ever"])
-        if "last_in" in state:      # states saved before the mask diagnostics have none
-            self.last_in.copy_(state["last_in"])
-        sup = state["support"]
-        self._support = None if sup is None else sup.to(self.device)
-        nxt = state["next_mask"]
-        self._pending = (None if nxt is None else
-                         _Pending(density=float(state["next_density"]), idx=nxt.to(self.device)))
-        if state["master"] is not None and self.master is not self.flat.flat:
-            self.master.copy_(state["master"])
-        for g, saved in zip(self.param_groups, state["param_groups"]):
-            for k, v in saved.items():
-                g[k] = tuple(v) if k == "betas" else v
+        """Restore a state saved by the same rank of an identical set-up
+        (:func:`.scape_state.restore`); restore the model's parameters separately."""
+        restore(self, state)

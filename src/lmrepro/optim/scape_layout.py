@@ -19,6 +19,12 @@ from .errors import check
 
 MASK_RULES = ("ef_momentum", "stale_m")
 DECAY_SCOPES = ("all", "mask")
+#: what the first moment does off the mask: "zero" (SCAPE's rule, the authors': only the
+#: coordinates synced this step carry momentum) or "decay" (AdamS with a zero synced gradient
+#: there: ``m <- b1 m``, the rule of an optimizer that keeps a dense momentum)
+OFF_MASK_MOMENTUM = ("zero", "decay")
+#: the window (steps) of the "updated at least once" diagnostic (:func:`recent_fraction`)
+RECENT_WINDOW = 100
 
 
 def density_at(step: int, target: float, dense_steps: int = 0, density_start: float = 1.0,
@@ -69,8 +75,8 @@ def assign_owners(numels: list[int], world: int) -> list[int]:
 def checked_groups(params: Iterable[Any], lr: float, betas: tuple[float, float], eps: float,
                    weight_decay: float, sparsity: float, dense_steps: int,
                    sparsity_start: float, sparsity_warmup_steps: int, flags: dict[str, Any],
-                   max_grad_norm: float | None, mask_rule: str, decay_scope: str
-                   ) -> list[dict[str, Any]]:
+                   max_grad_norm: float | None, mask_rule: str, decay_scope: str,
+                   off_mask_momentum: str = "zero") -> list[dict[str, Any]]:
     """Every check of SCAPE's constructor, then its parameter groups
     (:func:`.comm.param_groups`); ``flags``: the boolean options by name. Raises
     :class:`~.errors.ParameterError` naming the argument."""
@@ -90,6 +96,12 @@ def checked_groups(params: Iterable[Any], lr: float, betas: tuple[float, float],
           f"must be one of {MASK_RULES}")
     check(decay_scope in DECAY_SCOPES, f"{who}.decay_scope", decay_scope,
           f"must be one of {DECAY_SCOPES}")
+    check(off_mask_momentum in OFF_MASK_MOMENTUM, f"{who}.off_mask_momentum", off_mask_momentum,
+          f"must be one of {OFF_MASK_MOMENTUM}")
+    if off_mask_momentum == "decay":
+        check(mask_rule == "ef_momentum" and decay_scope == "all", f"{who}.off_mask_momentum",
+              off_mask_momentum, "'decay' needs mask_rule='ef_momentum' and decay_scope='all' "
+              f"(got {mask_rule!r}, {decay_scope!r})")
     groups = param_groups(params, who)
     for i, g in enumerate(groups):
         check_params(g["params"], g["names"], who)
@@ -183,6 +195,36 @@ def build_layout(param_groups: list[dict[str, Any]], exclude_1d: bool, world: in
         mine = [s for s in slots if s.owner == j]
         spans.append((mine[0].offset, mine[-1].offset + mine[-1].numel) if mine else (0, 0))
     return Layout(slots, bounds, spans, excluded_idx, world)
+
+
+def off_mask_direction(m_prev: torch.Tensor, b1: float, b2: float, eps: float, bc1: float,
+                       bc2: float) -> torch.Tensor:
+    """AdamS's normalised step where no gradient arrived (``g = 0``): ``m_t = b1 m_prev`` and
+    ``v_t = b2 m_prev^2``, so ``u = m_t bc1 / (sqrt(v_t) bc2 + eps)``, about ``b1 / sqrt(b2)``
+    times ``sign(m_prev)`` for as long as ``|m_prev|`` is well above ``eps``: a coordinate
+    that left the mask keeps moving at nearly full size while its momentum decays."""
+    m = m_prev * b1
+    return (m * bc1) / (m_prev.abs() * (b2 ** 0.5 * bc2) + eps)
+
+
+def recent_fraction(last_in: torch.Tensor, t: int, n_excluded: int,
+                    window: int = RECENT_WINDOW) -> float:
+    """Fraction of the top-k tensors' coordinates in the mask at least once in the ``window``
+    steps up to step ``t`` (``last_in``: the last step each coordinate was in it, -1: never;
+    the tensors sent whole always count as in, and are left out)."""
+    eligible = last_in.numel() - n_excluded
+    if eligible <= 0:
+        return 0.0
+    return (int(((last_in > t - window) & (last_in >= 0)).sum()) - n_excluded) / eligible
+
+
+def off_mask_mass(u_abs: torch.Tensor, on_mask: torch.Tensor) -> float | None:
+    """The share of the step's size ``sum |u|`` that falls on coordinates off the mask
+    (``on_mask``: a bool per coordinate); None for a step that moves nothing."""
+    total = float(u_abs.sum(dtype=torch.float64))
+    if total == 0.0:
+        return None
+    return float(u_abs[~on_mask].sum(dtype=torch.float64)) / total
 
 
 def mask_diagnostics(idx: torch.Tensor, u: torch.Tensor, t: int, last_in: torch.Tensor,

@@ -8,7 +8,11 @@ smaller); 1-D tensors are sent whole when ``exclude_1d_from_topk`` (as SCAPE doe
 the ``p`` sparse contributions in rank order, divides by ``p``, clips the result to
 ``max_grad_norm`` (global norm, identical on every rank: the same clipping as SCAPE's and the
 dense baselines'), and lets the inner optimizer step on it; the residual keeps what was not sent,
-``r_i = a_i`` with the sent coordinates zeroed (Stich et al. 2018; Lin et al. 2018). The optimizer
+``r_i = a_i`` with the sent coordinates zeroed (Stich et al. 2018; Lin et al. 2018). The inner
+optimizer keeps its dense momentum (``off_mask_momentum="decay"``: a coordinate keeps moving for
+as long as its momentum lasts after it was sent); ``"zero"`` applies SCAPE's rule instead, the
+inner first moment zeroed off the coordinates sent this step before the inner step, so exactly
+the sent coordinates move (besides the weight decay). The optimizer
 state is replicated, so no parameters are exchanged. Top-k of the raw gradient feeds Adam a sparse,
 bursty gradient whose second moment no longer matches its first: the instability at high sparsity
 that SCAPE's momentum mask avoids (arXiv 2607.01678).
@@ -25,7 +29,8 @@ from .comm import (Comm, all_finite, check_grads, check_max_grad_norm, check_spa
                    keep_count, nonfinite_error, pack_bits, params_and_names, topk_indices,
                    unpacked_indices)
 from .errors import check
-from .scape_layout import density_at, excluded_indices
+from .scape_layout import (OFF_MASK_MOMENTUM, density_at, excluded_indices, off_mask_mass,
+                           recent_fraction)
 
 
 class TopKEF:
@@ -37,7 +42,8 @@ class TopKEF:
     def __init__(self, optimizer: torch.optim.Optimizer, sparsity: float = 0.99, *,
                  exclude_1d_from_topk: bool = True, max_grad_norm: float | None = None,
                  dense_steps: int = 0, sparsity_start: float = 0.0,
-                 sparsity_warmup_steps: int = 0, process_group: Any = None) -> None:
+                 sparsity_warmup_steps: int = 0, off_mask_momentum: str = "decay",
+                 process_group: Any = None) -> None:
         who = "TopKEF"
         check(isinstance(optimizer, torch.optim.Optimizer), f"{who}.optimizer",
               type(optimizer).__name__, "must be a torch.optim.Optimizer (AdamS or AdamW)")
@@ -50,6 +56,9 @@ class TopKEF:
             check(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0,
                   f"{who}.{name}", steps, "must be an integer >= 0")
         check_sparsity(sparsity_start, f"{who}.sparsity_start")
+        check(off_mask_momentum in OFF_MASK_MOMENTUM, f"{who}.off_mask_momentum",
+              off_mask_momentum, f"must be one of {OFF_MASK_MOMENTUM}")
+        self.off_mask_momentum = off_mask_momentum
         self.optimizer = optimizer
         self.sparsity = float(sparsity)
         # the sparsity schedule SCAPE uses (optim.scape.sparsity_at), so both sparse methods of
@@ -80,6 +89,8 @@ class TopKEF:
         self.residual = torch.zeros(self.n, dtype=torch.float32, device=dev)
         self._dense = torch.zeros(self.n, dtype=torch.float32, device=dev)
         self.ever = torch.zeros(self.n, dtype=torch.bool, device=dev)
+        self._sent = torch.zeros(self.n, dtype=torch.bool, device=dev)    # this step's union
+        self.last_in = torch.full((self.n,), -1, dtype=torch.int64, device=dev)
         self._sparse_steps = 0
         self._step = 0
         self.last_step_info: dict[str, Any] = {}
@@ -155,6 +166,7 @@ class TopKEF:
             raise nonfinite_error("TopKEF", self._params, self._names, bad, comm)
         idx_rows = all_idx.view(world, -1)
         dense = self._dense.zero_()
+        sent = self._sent.zero_()
         for j in range(world):
             if j == comm.rank:
                 idx_j = sel
@@ -163,10 +175,12 @@ class TopKEF:
             else:
                 idx_j = unpacked_indices(idx_rows[j], self.n).to(a.device)
             dense.index_add_(0, idx_j, val_rows[j, e:e + kk])
-            self.ever.index_fill_(0, idx_j, True)
+            sent.index_fill_(0, idx_j, True)
         if e:
             dense.index_add_(0, self._excluded_idx, val_rows[:, :e].sum(0))
-            self.ever.index_fill_(0, self._excluded_idx, True)
+            sent.index_fill_(0, self._excluded_idx, True)
+        self.ever.logical_or_(sent)
+        self.last_in.masked_fill_(sent, self._step)
         dense.div_(world)
         a.index_fill_(0, sel, 0.0)
         if e:
@@ -177,16 +191,55 @@ class TopKEF:
         if coef < 1.0:
             dense.mul_(coef)
         flat_to_grads(dense, self._params)
+        if self.off_mask_momentum == "zero":
+            self._zero_momentum_off(sent)
+        before = torch.cat([p.detach().reshape(-1).float() for p in self._params])
         self.optimizer.step()
+        self.last_step_info = {"sparsity": 1.0 - (kk + e) / self.n, "grad_norm": norm,
+                               "recent_coverage": recent_fraction(self.last_in, self._step, e),
+                               "off_mask_mass": off_mask_mass(self._step_size(before), sent)}
         self._sparse_steps += 1
         self._step += 1
-        self.last_step_info = {"sparsity": 1.0 - (kk + e) / self.n, "grad_norm": norm}
         comm.end_step()
+
+    def _zero_momentum_off(self, sent: torch.Tensor) -> None:
+        """SCAPE's rule on the inner optimizer: its first moment (``m``, AdamS; ``exp_avg``,
+        AdamW) zeroed off the coordinates sent this step, and parked in this rank's residual
+        as ``b1 m / (1 - b1)`` (gradient units), as SCAPE's residual keeps ``b1 m`` off its
+        mask: momentum is deferred, not lost."""
+        for p, (off, k, _) in zip(self._params, self._slots):
+            st = self.optimizer.state.get(p, {})
+            for key in ("m", "exp_avg"):
+                if key in st:
+                    b1 = self._beta1(p)
+                    keep = sent[off:off + k]
+                    m = st[key].reshape(-1)
+                    self.residual[off:off + k].add_(m * ~keep, alpha=b1 / (1.0 - b1))
+                    m.mul_(keep)
+
+    def _beta1(self, p: torch.Tensor) -> float:
+        return float(next(g for g in self.optimizer.param_groups
+                          if any(q is p for q in g["params"]))["betas"][0])
+
+    def _step_size(self, before: torch.Tensor) -> torch.Tensor:
+        """``|u|`` per coordinate of the inner step just taken, ``p <- p (1 - lr wd) - lr u``
+        (the decoupled weight decay of AdamS and AdamW taken out)."""
+        out = torch.empty_like(before)
+        by_param = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
+        for p, (off, k, _) in zip(self._params, self._slots):
+            g = by_param[id(p)]
+            lr, wd = float(g["lr"]), float(g.get("weight_decay", 0.0))
+            was = before[off:off + k]
+            if lr == 0.0:
+                out[off:off + k] = 0.0
+            else:
+                out[off:off + k] = (was * (1.0 - lr * wd) - p.detach().reshape(-1)).abs() / lr
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "residual": self.residual.clone(),
-                "ever": self.ever.clone(), "sparse_steps": self._sparse_steps,
-                "step": self._step}
+                "ever": self.ever.clone(), "last_in": self.last_in.clone(),
+                "sparse_steps": self._sparse_steps, "step": self._step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check(isinstance(state, dict) and {"optimizer", "residual"} <= set(state),
@@ -194,5 +247,7 @@ class TopKEF:
         self.optimizer.load_state_dict(state["optimizer"])
         self.residual.copy_(state["residual"])
         self.ever.copy_(state["ever"])
+        if "last_in" in state:      # states saved before the diagnostics have none
+            self.last_in.copy_(state["last_in"])
         self._sparse_steps = int(state["sparse_steps"])
         self._step = int(state.get("step", self._sparse_steps))

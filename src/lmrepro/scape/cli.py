@@ -22,6 +22,10 @@ from lmrepro.model import ModelConfig
 from lmrepro.scape.config import ScapeConfig, ScapeRun
 
 
+#: a run's settings that override the section's: they travel as the section's flags
+RUN_OWN = ("lr", "dense_steps")
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The ``train-scape`` flags: generated from the configuration classes, plus the location."""
     p.add_argument("--corpus-dir", required=True, help="prepared corpus (train/val splits)")
@@ -30,7 +34,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default="", help="corpus name for summary.json")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="resume from OUT/checkpoints when present (default)")
-    add_arguments(p, ScapeRun, exclude=("lr",))     # --lr is the run's: ScapeConfig's flag
+    add_arguments(p, ScapeRun, exclude=RUN_OWN)     # --lr, --dense-steps: ScapeConfig's flags
     add_arguments(p, ScapeConfig)
     add_arguments(p, ModelConfig, prefix="model_")
 
@@ -38,10 +42,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def worker_argv(cfg: ScapeConfig, run: ScapeRun, model: ModelConfig, corpus_dir: str, out: str,
                 seed: int, corpus: str = "") -> list[str]:
     """The ``train-scape`` arguments of one run (what :mod:`lmrepro.scape.launch` passes): the
-    run's own learning rate, when it has one, travels as ``--lr``."""
-    cfg = cfg.replace(lr=run.lr_or(cfg.lr))
+    run's own learning rate and dense steps, when it has them, travel as ``--lr`` and
+    ``--dense-steps``."""
+    cfg = cfg.replace(lr=run.lr_or(cfg.lr), dense_steps=run.dense_steps_or(cfg.dense_steps))
     return ["--corpus-dir", str(corpus_dir), "--out", str(out), "--seed", str(seed),
-            "--corpus", corpus, *to_argv(run, exclude=("lr",)), *to_argv(cfg),
+            "--corpus", corpus, *to_argv(run, exclude=RUN_OWN), *to_argv(cfg),
             *to_argv(model, prefix="model_")]
 
 
@@ -53,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from lmrepro.scape.trainer import RunTarget, train
 
     cfg = from_arguments(ScapeConfig, args)
-    run_cfg = from_arguments(ScapeRun, args, exclude=("lr",))   # its lr came as --lr
+    run_cfg = from_arguments(ScapeRun, args, exclude=RUN_OWN)   # they came as --lr, ...
     model = from_arguments(ModelConfig, args, prefix="model_") or ModelConfig()
     target = RunTarget(corpus_dir=args.corpus_dir, out=args.out, seed=args.seed,
                        corpus=args.corpus, resume=args.resume)

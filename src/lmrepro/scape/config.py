@@ -22,6 +22,7 @@ from lmrepro.scape.roles import ScapeMethod as Method
 
 OPTIMIZERS = ("adamw", "adams", "scape", "topk")
 DENSE = ("adamw", "adams")
+SPARSE_OPTIMIZERS = ("scape", "topk")
 
 
 class ScapeConfig(TrainingConfig):
@@ -93,6 +94,11 @@ class ScapeRun(Section):
     decay_scope: Literal["all", "mask"] = Field(
         default="all", description="SCAPE's weight decay: all (the authors': every coordinate, "
         "every step) or mask (an ablation: only the coordinates updated this step)")
+    off_mask_momentum: Literal["zero", "decay"] | None = Field(
+        default=None, description="the first moment off the coordinates sent: zero (SCAPE's "
+        "rule) or decay (m <- b1 m: top-k's inner optimizer's own); null: the method's own")
+    dense_steps: int | None = Field(default=None, ge=0, description="this run's dense steps "
+                                    "before its sparsity schedule (null: the section's)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ScapeRun:
@@ -107,6 +113,16 @@ class ScapeRun(Section):
             raise field_error("decay_scope", self.decay_scope,
                               f"applies to optimizer 'scape' only (this run is "
                               f"{self.optimizer!r})")
+        if self.optimizer not in SPARSE_OPTIMIZERS and (self.off_mask_momentum is not None
+                                                        or self.dense_steps is not None):
+            bad = "off_mask_momentum" if self.off_mask_momentum is not None else "dense_steps"
+            raise field_error(bad, getattr(self, bad), f"applies to the sparse optimizers "
+                              f"{SPARSE_OPTIMIZERS} only (this run is {self.optimizer!r})")
+        if self.off_mask_momentum == "decay" and self.optimizer == "scape" and (
+                self.mask_rule != "ef_momentum" or self.decay_scope != "all"):
+            raise field_error("off_mask_momentum", "decay", "needs mask_rule 'ef_momentum' and "
+                              f"decay_scope 'all' (got {self.mask_rule!r}, "
+                              f"{self.decay_scope!r})")
         if self.optimizer != "topk" and self.topk_inner != "adams":
             raise field_error("topk_inner", self.topk_inner,
                               f"applies to optimizer 'topk' only (this run is "
@@ -134,6 +150,16 @@ class ScapeRun(Section):
 
     def lr_or(self, default: float) -> float:
         return default if self.lr is None else self.lr
+
+    def dense_steps_or(self, default: int) -> int:
+        return default if self.dense_steps is None else self.dense_steps
+
+    @property
+    def momentum_rule(self) -> str:
+        """What the run's first moment does off the mask (the method's own unless set)."""
+        if self.off_mask_momentum is not None:
+            return self.off_mask_momentum
+        return "zero" if self.optimizer == "scape" else "decay"
 
 
 class ScapeSweep(Section):
@@ -188,6 +214,17 @@ class ScalingAblation(Section):
                                                    "of the run, instead of the study's")
 
 
+class ScalingContrast(Section):
+    """Two runs of the verdict point compared on the same seeds (test split): a mechanism
+    ablation against the run it varies, or two methods at different bytes."""
+
+    key: ClassVar[str] = "scape.scaling.contrasts[]"
+
+    candidate: str = Field(min_length=1, description="the run judged (by run name)")
+    baseline: str = Field(min_length=1, description="the run it is judged against")
+    isolates: str = Field(default="", description="what the two runs differ in, in words")
+
+
 class ScalingStudy(Section):
     """The ``scape.scaling`` section (see the module docstring)."""
 
@@ -211,6 +248,11 @@ class ScalingStudy(Section):
                                        "verdict point: these multiples of each run's lr (empty: "
                                        "no sweep)")
     sweep_seed: int = Field(default=1000, ge=0, description="the sweep's seed (not a study seed)")
+    sweep_runs: list[str] = Field(default_factory=list, description="the verdict size's runs "
+                                  "the sweep brackets (empty: every run); the others keep the "
+                                  "lr the profile gives them (say where it was tuned)")
+    contrasts: list[ScalingContrast] = Field(default_factory=list, description="pairs of "
+                                             "verdict-point runs compared on the same seeds")
     ablations: list[ScalingAblation] = Field(default_factory=list)
     ablation_seeds: list[int] = Field(default_factory=list)
     edge_check: bool = Field(default=True, description="last: train each sweep winner on the "
@@ -245,6 +287,12 @@ class ScalingStudy(Section):
                                   f"must be a run of the verdict size: {sorted(names)}")
             if ab.name in names:
                 raise field_error(f"ablations[{i}].name", ab.name, "must differ from the runs'")
+        for where, listed in (("sweep_runs", self.sweep_runs),
+                              *((f"contrasts[{i}]", [c.candidate, c.baseline])
+                                for i, c in enumerate(self.contrasts))):
+            if not set(listed) <= names:
+                raise field_error(where, listed,
+                                  f"must name runs of the verdict size: {sorted(names)}")
         if self.ablations and not self.ablation_seeds:
             raise field_error("ablation_seeds", self.ablation_seeds, "must list seeds when "
                               "there are ablations")

@@ -17,6 +17,8 @@ class ScapeDetails(RunDetails):
     mask_rule: str | None = None               # SCAPE's (ef_momentum, or the stale_m ablation)
     decay_scope: str | None = None             # SCAPE's weight decay: all coordinates or the mask
     topk_inner: str | None = None              # top-k + EF: its inner optimizer
+    off_mask_momentum: str | None = None       # sparse methods: m off the mask (zero, decay)
+    dense_steps: int | None = None             # sparse methods: dense steps before sparsity
     final_coverage: float | None = None        # sparse methods: coordinates ever selected
     final_coverage_at_target: float | None = None   # the same over the steps at the target
     max_residual_norm: float | None = None     # error-feedback residual, gradient units

@@ -151,7 +151,8 @@ class Study:
     def sweep(self) -> dict[str, float]:
         """The verdict point's lr sweep (one seed, validation split); the winners by run."""
         s = self.study
-        runs = s.runs[s.verdict_size]
+        runs = [r for r in s.runs[s.verdict_size]
+                if not s.sweep_runs or r.run_name in s.sweep_runs]
         if not s.sweep_factors:
             return {}
         steps = s.verdict_steps

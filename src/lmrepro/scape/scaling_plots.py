@@ -32,27 +32,30 @@ def verdict_curves(runs: pd.DataFrame, size: str, steps: int,
 
 
 def diagnostics_curves(runs: pd.DataFrame, size: str, steps: int, window: int = 25) -> Figure:
-    """SCAPE's mask diagnostics over training at the verdict point (seed-mean, moving
-    average): the fraction of the mask kept from the step before, and the normalised step size
-    of coordinates that (re-)enter the mask against those that stayed."""
+    """The sparse methods' diagnostics over training at the verdict point (seed-mean, moving
+    average): SCAPE's fraction of the mask kept from the step before; the share of the top-k
+    tensors' coordinates in the mask at least once in the last 100 steps; the share of the
+    step's size that lands off the mask (momentum still moving coordinates no longer sent)."""
     sel = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)
-               & (runs.method == "scape")]
-    fig = Figure(figsize=(12, 4))
-    a1, a2 = fig.subplots(1, 2)
+               & runs.method.isin(("scape", "topk"))]
+    fig = Figure(figsize=(15, 4))
+    axes = fig.subplots(1, 3)
+    panels = (("mask_kept", "SCAPE: fraction of the mask kept from the previous step"),
+              ("recent_coverage", "coordinates in the mask at least once in 100 steps"),
+              ("off_mask_mass", "share of the step's size off the mask"))
     for name, g in sel.groupby("run", sort=True):
-        frames = [pd.DataFrame([r for r in load_run(p, p).metrics if "mask_kept" in r])
-                  for p in g.path]
+        frames = [pd.DataFrame([r for r in load_run(p, p).metrics if "sparsity" in r
+                                and r["sparsity"] > 0]) for p in g.path]
+        frames = [f for f in frames if len(f) and "step" in f]
+        if not frames:
+            continue
         df = pd.concat(frames).groupby("step").mean(numeric_only=True)
-        col = COLOURS.get(name)
-        a1.plot(df.index, df.mask_kept.rolling(window, min_periods=1).mean(), color=col,
-                label=name)
-        a2.plot(df.index, df.step_enter.rolling(window, min_periods=1).mean(), color=col,
-                label=f"{name}: entering")
-        a2.plot(df.index, df.step_stay.rolling(window, min_periods=1).mean(), color=col,
-                ls="--", label=f"{name}: staying")
-    a1.set_title("fraction of the mask kept from the previous step")
-    a2.set_title("mean |normalised step| (the step is lr x this)")
-    for ax in (a1, a2):
+        for ax, (key, _) in zip(axes, panels):
+            if key in df:
+                ax.plot(df.index, df[key].rolling(window, min_periods=1).mean(),
+                        color=COLOURS.get(name), label=name)
+    for ax, (_, title) in zip(axes, panels):
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

@@ -14,7 +14,7 @@ mask diagnostics are averaged over the steps at the target sparsity.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from lmrepro.pipeline.length_study import (LOG2, finished_at, find_runs, paired_
                                            read_if_there, shown, trend)
 from lmrepro.pipeline.length_study import losses as _losses
 from lmrepro.pipeline.length_study import records as table_records
+from lmrepro.scape import mechanism
 from lmrepro.scape.details import ScapeDetails
 from lmrepro.stats import StatsConfig
 
@@ -189,7 +190,7 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfi
 
 def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfig,
                    verdict: tuple[str, int], floors: Mapping[str, Mapping[str, Any]],
-                   corpus: str) -> dict[str, Any]:
+                   corpus: str, contrasts: Sequence[Any] = ()) -> dict[str, Any]:
     """Every table of the study as CSV under ``out_dir``, ``analysis.json`` (the verdict point's
     records) and ``scaling.json`` (tables as records); returns the tables."""
     from lmrepro.scape import horizon, scaling_plots
@@ -204,6 +205,8 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     tables["ablations"] = ablation_table(runs, stats)
     tables["diagnostics"] = diagnostics_table(runs, *verdict)
     tables["per_byte"] = per_byte_table(runs, stats)
+    tables["contrasts"] = mechanism.contrast_table(runs, contrasts, *verdict, stats)
+    tables["mechanism_diagnostics"] = mechanism.diagnostics_table(runs, *verdict)
     tables.update(horizon.multiplier_tables(runs, floor))
     sweep = stage_dir_sweep(stage_dir)
     if sweep is not None:
@@ -278,7 +281,8 @@ def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling
         return None
     floors = corpus_floors(params.data.prepared_dir, {params.scape.corpus})
     return write_analysis(stage_dir, out_dir, params.stats,
-                          (study.verdict_size, study.verdict_steps), floors, params.scape.corpus)
+                          (study.verdict_size, study.verdict_steps), floors, params.scape.corpus,
+                          study.contrasts)
 
 
 README_SECTION = "readme_section.md"
@@ -411,9 +415,12 @@ def summary_sentences(tables: Mapping[str, pd.DataFrame], verdict: tuple[str, in
                        "trend, and none is extrapolated.")
     out += horizon.describe(*(tables.get(k, pd.DataFrame()) for k in (
         "multiplier", "end_multiplier", "final_multiplier")))
+    out += mechanism.describe(tables.get("contrasts", pd.DataFrame()))
     diag = tables.get("diagnostics")
     if diag is not None and len(diag) and "mask_kept" in diag:
         for r in diag.itertuples():
+            if not math.isfinite(r.mask_kept):
+                continue        # a run that never went sparse at this point
             out.append(f"{r.run} at {verdict[0]}, {verdict[1]} steps: {r.mask_kept:.0%} of the "
                        "mask kept from one step to the next.")
     return ["What it says (computed from the tables below):", "",
@@ -469,7 +476,7 @@ DISPLAY: dict[str, dict[str, str]] = {
 
 
 def for_display(name: str, frame: pd.DataFrame) -> pd.DataFrame:
-    """The columns of table ``name`` a report shows (:data:`DISPLAY`), renamed to their
-    registered display names."""
-    return shown(DISPLAY, name, frame)
+    """The columns of table ``name`` a report shows (:data:`DISPLAY` and the mechanism
+    tables'), renamed to their registered display names."""
+    return shown({**DISPLAY, **mechanism.DISPLAY}, name, frame)
 

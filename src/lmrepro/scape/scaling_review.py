@@ -75,14 +75,15 @@ def section(published: str | Path, stats: StatsConfig) -> str:
     return "\n".join([*lines, "", END])
 
 
-def update_doc(doc: str | Path, text: str) -> None:
-    """Replace the marked section of ``doc`` with ``text``."""
+def update_doc(doc: str | Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the section of ``doc`` between the markers ``begin`` and ``end`` with ``text``
+    (which carries the markers)."""
     path = Path(doc)
     body = path.read_text(encoding="utf-8")
-    if BEGIN not in body or END not in body:
-        raise ValueError(f"{path} has no {BEGIN} ... {END} markers")
-    head, rest = body.split(BEGIN, 1)
-    atomic_write_text(path, head + text + rest.split(END, 1)[1])
+    if begin not in body or end not in body:
+        raise ValueError(f"{path} has no {begin} ... {end} markers")
+    head, rest = body.split(begin, 1)
+    atomic_write_text(path, head + text + rest.split(end, 1)[1])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,7 @@ from lmrepro.memory import Memory, MemorySampler, memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import SCAPE, AdamS, DenseDP, NonFiniteGradientError, TopKEF, weight_decay_groups
 from lmrepro.results import SUMMARY, load_checkpoint, mean_bytes
-from lmrepro.scape.config import RESUME_FREE, ScapeConfig, ScapeRun
+from lmrepro.scape.config import RESUME_FREE, SPARSE_OPTIMIZERS, ScapeConfig, ScapeRun
 
 FINAL_MODEL = "model_final.pt"
 
@@ -99,21 +99,25 @@ def build_optimizer(cfg: ScapeConfig, run: ScapeRun, model: torch.nn.Module) -> 
         return DenseDP(adams(), max_grad_norm=cfg.max_grad_norm)
     if run.optimizer == "scape":
         return SCAPE(groups, lr=lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                     sparsity=run.sparsity, dense_steps=cfg.dense_steps,
+                     sparsity=run.sparsity, dense_steps=run.dense_steps_or(cfg.dense_steps),
                      sparsity_start=cfg.sparsity_start,
                      sparsity_warmup_steps=cfg.sparsity_warmup_steps,
                      exclude_1d_from_topk=cfg.exclude_1d_from_topk,
                      bias_correction=cfg.bias_correction, max_grad_norm=cfg.max_grad_norm,
-                     mask_rule=run.mask_rule, decay_scope=run.decay_scope)
+                     mask_rule=run.mask_rule, decay_scope=run.decay_scope,
+                     off_mask_momentum=run.momentum_rule)
     inner = adams() if run.topk_inner == "adams" else adamw()
     return TopKEF(inner, sparsity=run.sparsity, exclude_1d_from_topk=cfg.exclude_1d_from_topk,
-                  max_grad_norm=cfg.max_grad_norm, dense_steps=cfg.dense_steps,
+                  max_grad_norm=cfg.max_grad_norm,
+                  dense_steps=run.dense_steps_or(cfg.dense_steps),
                   sparsity_start=cfg.sparsity_start,
-                  sparsity_warmup_steps=cfg.sparsity_warmup_steps)
+                  sparsity_warmup_steps=cfg.sparsity_warmup_steps,
+                  off_mask_momentum=run.momentum_rule)
 
 
 #: SCAPE's per-step mask diagnostics (:meth:`lmrepro.optim.SCAPE._mask_diagnostics`)
-MASK_DIAGNOSTICS = ("mask_kept", "mask_new", "step_stay", "step_enter", "reentry_gap")
+MASK_DIAGNOSTICS = ("mask_kept", "mask_new", "step_stay", "step_enter", "reentry_gap",
+                    "recent_coverage", "off_mask_mass")
 
 
 def step_record(opt: Any) -> dict[str, Any]:
@@ -322,6 +326,10 @@ def _details(cfg: ScapeConfig, run: ScapeRun, ctx: DistContext, records: list[di
             "batch_size_per_worker": cfg.batch_size, "lr": run.lr_or(cfg.lr),
             "mask_rule": run.mask_rule if run.optimizer == "scape" else None,
             "decay_scope": run.decay_scope if run.optimizer == "scape" else None,
+            "off_mask_momentum": (run.momentum_rule if run.optimizer in SPARSE_OPTIMIZERS
+                                  else None),
+            "dense_steps": (run.dense_steps_or(cfg.dense_steps)
+                            if run.optimizer in SPARSE_OPTIMIZERS else None),
             "final_test_bpb": test_bpb,
             "topk_inner": run.topk_inner if run.optimizer == "topk" else None,
             "final_coverage": sparse[-1]["coverage"] if sparse else None,
