@@ -23,7 +23,8 @@ from typing import Any
 import pandas as pd
 
 from lmrepro.io import atomic_write_text, read_json, read_jsonl
-from lmrepro.results import METRICS, collect_runs, read_summary
+from lmrepro.results import METRICS, read_summary
+from lmrepro.rundirs import collect_runs
 from lmrepro.scape.details import ScapeDetails
 
 SPARSE_METHODS = ("scape", "scape_stale_m", "topk", "topk_adamw")
