@@ -122,11 +122,14 @@ def test_index_links_reports_commit_and_citation(project: Path) -> None:
                                                     "03 <odd>.html"]
     assert prov["citation"]["bibtex"].startswith("@software{")
 
-    # dvc.lock, which every dvc repro rewrites, leaves a checkout clean
+    # dvc.lock and the headline metrics, which every dvc repro rewrites, leave a checkout clean
     (project / "dvc.lock").write_text("schema: '2.0'\n", encoding="utf-8")
-    git(project, "add", "dvc.lock")
+    (project / "metrics" / "claims").mkdir(parents=True)
+    (project / "metrics" / "claims" / "a.json").write_text('{"verdict": "reproduced"}')
+    git(project, "add", "dvc.lock", "metrics")
     git(project, "commit", "-q", "-m", "lock")
     (project / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n", encoding="utf-8")
+    (project / "metrics" / "claims" / "a.json").write_text('{"verdict": "not run"}')
     commit = git(project, "rev-parse", "HEAD")
     assert R.git_info(project) == {"commit": commit, "dirty": False, "available": True,
                                    "note": ""}

@@ -174,12 +174,14 @@ def plot_loss_curves(runs: Runs, *, title: str = "Loss curves", floors: Floors |
 
 def plot_step_series(frame: pd.DataFrame, value: str, *, title: str, ylabel: str,
                      log: bool = False) -> Figure:
-    """A per-step series of many runs (``frame``: ``run, step, <value>``, runs labelled
-    ``.../<name>``): one line per run name (the mean over the runs sharing it, e.g. the seeds;
-    a light band from the lowest to the highest), the legend below the axes."""
+    """A per-step series of many runs (``frame``: ``run, step, <value>`` with the run's name,
+    and its ``seed`` when there are several; or runs labelled ``.../<name>``): one line per run
+    name (the mean over its seeds; a light band from the lowest to the highest), the legend
+    below the axes."""
     from matplotlib.lines import Line2D
 
     df = frame.assign(group=[str(r).rsplit("/", 1)[-1] for r in frame.run])
+    each = [c for c in ("corpus", "seed") if c in df] or ["run"]
     groups = sorted(df.group.unique())
     colours = _palette(groups)
     fig = Figure(figsize=(9, 4.6), layout="constrained")
@@ -188,7 +190,7 @@ def plot_step_series(frame: pd.DataFrame, value: str, *, title: str, ylabel: str
         by_step = df[df.group == group].groupby("step")[value]
         mean = by_step.mean()
         ax.plot(mean.index, mean.values, color=colours[group], linewidth=1.3)
-        if df[df.group == group].run.nunique() > 1:
+        if len(df[df.group == group].groupby(each)) > 1:
             ax.fill_between(mean.index, by_step.min().values, by_step.max().values,
                             color=colours[group], alpha=0.15, linewidth=0)
     if log:
