@@ -5,6 +5,7 @@ parameter it set and nothing else."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,14 @@ def test_setting_the_profile_as_dvc_does_changes_one_line(tmp_path: Path, profil
     old, new = yaml.safe_load("\n".join(before)), yaml.safe_load("\n".join(after))
     assert {**old, "profile": profile} == new
 
+
+
+def test_the_root_lock_is_never_committed_nor_ignored() -> None:
+    """The root dvc.lock is the last run's own (``lmrepro publish`` copies it into
+    ``published/<profile>/``): never committed, so never stale; not ignored either, since DVC
+    refuses a git-ignored lock (``dvc exp run``, ``dvc metrics diff``)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+    assert git("ls-files", "dvc.lock").stdout == ""
+    assert git("check-ignore", "-q", "dvc.lock").returncode == 1
