@@ -194,8 +194,15 @@ def from_run(root: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
         elif (folder / note).is_file():
             out[stage] = {}
     if (results / "analysis" / "claims.csv").is_file():
-        out["claims"] = claim_items(claims_table(read_stage_records(results / "analysis"),
-                                                 bounds=True))
+        from lmrepro.pipeline.publish import stale_claims
+
+        # the run's own claims table; with the comparisons' bounds when today's rules give the
+        # same rows (a table made under older rules keeps its own verdicts and values)
+        table = pd.read_csv(results / "analysis" / "claims.csv", keep_default_na=False,
+                            na_values=[""])
+        if not stale_claims(table):
+            table = claims_table(read_stage_records(results / "analysis"), bounds=True)
+        out["claims"] = claim_items(table)
     if (results / "steptime" / "predictions.json").is_file():
         out["steptime"] = prediction_items(
             read_json(results / "steptime" / "predictions.json")["headline"])

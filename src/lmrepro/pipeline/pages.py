@@ -115,6 +115,19 @@ def summary(published: Path) -> str:
     return (f"{len(table)} claims: " + ", ".join(f"{v} {n}" for v, n in counts.items()))
 
 
+def cost(published: Path) -> str:
+    """How long a published run's runs trained (their own clocks, summed) and on what machine
+    (its provenance; "machine not recorded" without one)."""
+    from lmrepro.results import SUMMARY
+
+    times = [float(t) for f in sorted((published / "results").rglob(SUMMARY))
+             if isinstance(t := read_json(f).get("train_time_s"), int | float)]
+    machine = (_provenance(published).get("machine") or {})
+    where = (f"{machine.get('usable_cores') or machine.get('cpu_count')} cores of an "
+             f"{machine.get('cpu_model', 'unknown CPU')}" if machine else "machine not recorded")
+    return f"{len(times)} runs, {sum(times) / 60:.0f} min of training; {where}"
+
+
 def published_runs(published_root: Path) -> list[Path]:
     """The published runs under ``published_root`` with a page: each folder holding a
     ``README.md`` (``lmrepro publish`` writes it; a run published by hand carries its own)."""
@@ -122,11 +135,12 @@ def published_runs(published_root: Path) -> list[Path]:
 
 
 def verdicts_table(published_root: str | os.PathLike, link_base: str = "published") -> str:
-    """The README's verdicts block: one row per published run (``link_base``: the published
-    folder relative to the README)."""
-    rows = ["| run | verdicts | where |", "| --- | --- | --- |"]
+    """The README's verdicts block: one row per published run, with what its runs cost and where
+    (:func:`cost`) and a link to its page (``link_base``: the published folder relative to the
+    README)."""
+    rows = ["| run | verdicts | trained | results |", "| --- | --- | --- | --- |"]
     for run in published_runs(Path(published_root)):
-        rows.append(f"| `{run.name}` | {summary(run)} | [{link_base}/{run.name}/]"
+        rows.append(f"| `{run.name}` | {summary(run)} | {cost(run)} | [{link_base}/{run.name}/]"
                     f"({link_base}/{run.name}/{PAGE}) |")
     return f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}\n"
 
