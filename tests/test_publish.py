@@ -257,3 +257,27 @@ def test_the_section_says_how_long_the_stages_ran(tmp_path: Path) -> None:
     prov["reports"] = [{"file": "c.html", "duration_s": None}]
     (pub / "reports/provenance.json").write_text(json.dumps(prov))
     assert "rendered stages ran" not in P.results_section(pub)
+
+
+def test_a_study_gets_its_page_and_a_readme_holding_its_markers_its_section(
+        tmp_path: Path) -> None:
+    """A study's run (e.g. the horizon profile's): its page holds what its analysis wrote, with
+    links from the page's folder; a README that holds the profile's markers gets the section."""
+    pub = tmp_path / "published" / "horizon"
+    (pub / "reports").mkdir(parents=True)
+    (pub / "results/analysis/scaling").mkdir(parents=True)
+    (pub / "results/analysis/scaling/readme_section.md").write_text(
+        "Figures: [{published}/results/analysis/scaling/](x).\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    (pub / "reports/provenance.json").write_text(json.dumps(
+        {"git": {"commit": "b" * 40, "dirty": False}, "generated_at": "2026-12-06T00:00:00",
+         "machine": {"usable_cores": 2, "cpu_model": "AMD EPYC"}}))
+    (pub / P.MANIFEST).write_text(json.dumps({"profile": "horizon", "files": {}}))
+    page = G.write_page(pub).read_text()
+    assert "Profile `horizon`, commit `bbbbbbbbbbbb`" in page and "2 cores of an AMD EPYC" in page
+    assert "[./results/analysis/scaling/](x)" in page and "| 1 | 2 |" in page
+    begin, end = P.profile_markers("horizon")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{begin}\nold\n{end}\n")
+    assert P.update_profile_section(readme, pub, "horizon", "published/horizon")
+    text = readme.read_text()
+    assert "old" not in text and "[published/horizon/results/analysis/scaling/](x)" in text
