@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmrepro.pipeline.claims import VERDICT_MEANINGS, VERDICTS
+from lmrepro.pipeline import claims, glance
 from lmrepro.pipeline.glance import brief
 
 
@@ -26,5 +26,6 @@ def test_our_figure_in_brief_keeps_the_numbers_and_drops_the_details(measured: s
     assert brief(measured) == short
 
 
-def test_every_verdict_has_a_meaning() -> None:
-    assert set(VERDICT_MEANINGS) == set(VERDICTS)
+def test_every_verdict_has_a_meaning_in_the_registrys_order() -> None:
+    assert list(glance.VERDICT_MEANINGS) == list(claims.VERDICTS)
+    assert glance.CAVEAT_SEPARATOR == claims.CAVEAT_SEPARATOR

@@ -47,17 +47,6 @@ NOT_TESTABLE_HERE = "not testable here"
 NOT_RUN = "not run"
 VERDICTS = (REPRODUCED, DIRECTION_ONLY, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTABLE,
             NOT_TESTABLE_HERE, NOT_RUN)
-#: what each verdict means (the legend of every claims table)
-VERDICT_MEANINGS = {
-    REPRODUCED: "our figure agrees with the paper's within the tolerance its rule states",
-    DIRECTION_ONLY: "the same direction as the paper's figure, outside that tolerance",
-    NOT_REPRODUCED: "our figure contradicts the paper's",
-    INCONCLUSIVE: "the measurement cannot decide (e.g. a timing difference inside its spread)",
-    NOT_TESTABLE: ("a quality verdict whose dense baseline did not end 10 % below the corpus's "
-                   "trigram floor: the models have not learned what the claim is about"),
-    NOT_TESTABLE_HERE: "no experiment of this package can test the claim",
-    NOT_RUN: "this profile does not run what would measure it",
-}
 #: the measured column of a claim that this profile does not run
 NOT_RUN_TEXT = "not run in this profile"
 #: the ``kind`` of a row that a model predicts at the paper's scale instead of measuring ours

@@ -3,7 +3,9 @@
 One short row per claim and setting (the claim, the paper's figure, ours in brief, the verdict,
 a note number); everything else the claims table holds (our figure in full, both scales, the
 caveats) goes to the numbered notes below it, and a legend says what each verdict present
-means (:data:`lmrepro.pipeline.claims.VERDICT_MEANINGS`).
+means (:data:`VERDICT_MEANINGS`). It imports nothing of the claims registry (the report stage
+reads the claims table, not the wings): the verdicts and the caveat separator are
+:mod:`lmrepro.pipeline.claims`'s, which a test checks.
 """
 
 from __future__ import annotations
@@ -12,7 +14,22 @@ import html
 import re
 from typing import Any
 
-from lmrepro.pipeline.claims import CAVEAT_SEPARATOR, VERDICT_MEANINGS, VERDICTS
+#: what each verdict (:data:`lmrepro.pipeline.claims.VERDICTS`, in its order) means
+VERDICT_MEANINGS = {
+    "reproduced": "our figure agrees with the paper's within the tolerance its rule states",
+    "reproduced in direction only": ("the same direction as the paper's figure, outside that "
+                                     "tolerance"),
+    "not reproduced": "our figure contradicts the paper's",
+    "inconclusive": ("the measurement cannot decide (e.g. a timing difference inside its "
+                     "spread)"),
+    "not testable at this scale": ("a quality verdict whose dense baseline did not end 10 % "
+                                   "below the corpus's trigram floor: the models have not "
+                                   "learned what the claim is about"),
+    "not testable here": "no experiment of this package can test the claim",
+    "not run": "this profile does not run what would measure it",
+}
+#: how the claims table joins a row's caveats (:data:`lmrepro.pipeline.claims.CAVEAT_SEPARATOR`)
+CAVEAT_SEPARATOR = "; "
 
 #: how long our figure may be in the table before its parenthetical details move to the note
 BRIEF_CHARS = 90
@@ -50,7 +67,7 @@ def _verdict_class(verdict: str) -> str:
 
 def legend_html(verdicts: list[str]) -> str:
     """What each of ``verdicts`` means, in the registry's order, with its colour."""
-    shown = [v for v in VERDICTS if v in set(verdicts)]
+    shown = [v for v in VERDICT_MEANINGS if v in set(verdicts)]
     rows = "".join(f"<tr><td class=\"txt {_verdict_class(v)}\">{_e(v)}</td>"
                    f"<td>{_e(VERDICT_MEANINGS[v])}</td>"
                    f"<td class=\"num\">{verdicts.count(v)}</td></tr>" for v in shown)

@@ -170,11 +170,64 @@ def write_page(published: str | os.PathLike) -> Path:
     return published / PAGE
 
 
+def from_run(root: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every stage's headline items computed again from a finished (or published) run's files
+    under ``root`` (``results/``: run summaries, ``analysis.json`` files, ``gaps.csv``,
+    ``predictions.json``), as the stages write them; for runs published before the stages wrote
+    headline metrics."""
+    import pandas as pd
+
+    from lmrepro.pipeline.claims import claims_table, read_stage_records
+    from lmrepro.pipeline.headline import (claim_items, comparison_items, prediction_items,
+                                           study_items, training_items)
+    from lmrepro.pipeline.records import read_analysis
+    from lmrepro.rundirs import collect_runs
+
+    results = Path(root) / "results"
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for stage in ("baseline", "scape", "rgc"):
+        runs = collect_runs(results / stage / "runs")
+        if runs:
+            out[f"train_{stage}"] = training_items(read_json(p / "summary.json")
+                                                   for p in runs.values())
+        if (results / "analysis" / stage / "analysis.json").is_file():
+            out[stage] = comparison_items(
+                read_analysis(results / "analysis" / stage / "analysis.json").comparisons)
+    for stage, note in (("scaling", "scaling.json"), ("rgc_scaling", "rgc_scaling.json")):
+        folder = results / "analysis" / stage
+        if (folder / "gaps.csv").is_file():
+            point = read_json(folder / note)["verdict"]
+            out[stage] = study_items(pd.read_csv(folder / "gaps.csv"),
+                                                   (point["size"], int(point["steps"])))
+        elif (folder / note).is_file():
+            out[stage] = {}
+    if (results / "analysis" / "claims.csv").is_file():
+        from lmrepro.pipeline.publish import stale_claims
+
+        # the run's own claims table; with the comparisons' bounds when today's rules give the
+        # same rows (a table made under older rules keeps its own verdicts and values)
+        table = pd.read_csv(results / "analysis" / "claims.csv", keep_default_na=False,
+                            na_values=[""])
+        if not stale_claims(table):
+            table = claims_table(read_stage_records(results / "analysis"), bounds=True)
+        out["claims"] = claim_items(table)
+    if (results / "steptime" / "predictions.json").is_file():
+        out["steptime"] = prediction_items(
+            read_json(results / "steptime" / "predictions.json")["headline"])
+    return out
+
+
+def write_from_run(root: str | Path, dest: str | Path) -> list[Path]:
+    """:func:`from_run` of ``root`` written under ``dest`` (``dest/<stage>/<item>.json``)."""
+    from lmrepro.pipeline.headline import write_headline
+
+    return [write_headline(Path(dest) / stage, items)
+            for stage, items in from_run(root).items()]
+
+
 def regenerate(root: str | os.PathLike = ".") -> list[Path]:
     """Every page again from what is published under ``root/published`` (and the headline
     metrics of a run that predates them), then the README's verdicts block."""
-    from lmrepro.pipeline.headline import write_from_run
-
     root = Path(root)
     written = []
     for run in sorted(p for p in (root / "published").iterdir() if (p / MANIFEST).is_file()):
