@@ -29,3 +29,15 @@ def test_our_figure_in_brief_keeps_the_numbers_and_drops_the_details(measured: s
 def test_every_verdict_has_a_meaning_in_the_registrys_order() -> None:
     assert list(glance.VERDICT_MEANINGS) == list(claims.VERDICTS)
     assert glance.CAVEAT_SEPARATOR == claims.CAVEAT_SEPARATOR
+
+
+def test_every_verdict_cell_has_the_class_the_reports_style() -> None:
+    """The index's claims table and legend name a verdict's cell as the other tables do
+    (:func:`lmrepro.pipeline.tables.table_html`): letters and digits only, so an apostrophe
+    (the authors' logs) leaves no class the stylesheet cannot match."""
+    from lmrepro.pipeline.report import _CSS
+
+    for verdict in claims.VERDICTS:
+        name = glance._verdict_class(verdict)
+        assert name.replace("-", "").isalnum(), name
+    assert f"td.{glance._verdict_class(claims.CONSISTENT_WITH_LOGS)}{{" in _CSS

@@ -19,6 +19,9 @@ VERDICT_MEANINGS = {
     "reproduced": "our figure agrees with the paper's within the tolerance its rule states",
     "reproduced in direction only": ("the same direction as the paper's figure, outside that "
                                      "tolerance"),
+    "consistent with the authors' logs": ("the authors' own logs measure the claim's direction, "
+                                          "and our model fitted to them puts the paper's "
+                                          "figure inside its interval"),
     "not reproduced": "our figure contradicts the paper's",
     "inconclusive": ("the measurement cannot decide (e.g. a timing difference inside its "
                      "spread)"),
@@ -62,7 +65,7 @@ def brief(measured: str) -> str:
 
 
 def _verdict_class(verdict: str) -> str:
-    return "verdict-" + "-".join(str(verdict).lower().split())
+    return "verdict-" + "-".join(re.findall(r"[a-z0-9]+", str(verdict).lower()))
 
 
 def legend_html(verdicts: list[str]) -> str:
