@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up lmrepro from a clean clone: a virtual environment in .venv with the CPU build of torch
 # (installed first, so the project's torch range never pulls a multi-GB CUDA build), the project
-# with its dev extras, and the embedded offline corpus under data/embedded/. Idempotent.
+# with its dev extras, the embedded offline corpus under data/embedded/, and the page that
+# `dvc plots show` renders into (vega inlined from an installed package: no CDN). Idempotent.
 #   LMREPRO_PYTHON  interpreter to build .venv from (default: python3, must be >= 3.11)
 #   LMREPRO_TORCH   torch requirement installed first (default: torch==2.13.0)
 set -euo pipefail
@@ -22,4 +23,6 @@ echo "setup: installing lmrepro[dev] (editable)"
 "${PIP[@]}" -e ".[dev]"
 echo "setup: installing the embedded offline corpus into data/embedded/"
 .venv/bin/lmrepro install-corpus --dest data/embedded
+echo "setup: writing .dvc/plots.html (dvc plots show without the network)"
+.venv/bin/python -m lmrepro.pipeline.dvcplots
 echo "setup: done (.venv/bin/lmrepro, .venv/bin/dvc, .venv/bin/python)"

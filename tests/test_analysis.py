@@ -572,6 +572,12 @@ def test_forest_plot_marks_mean_bound_and_margin(tmp_path: Path) -> None:
     xs = {round(float(line.get_xdata()[-1]), 9) for line in ax.lines}
     c = records.comparisons[0]
     assert round(c.upper_bound * 100, 9) in xs and round(c.margin * 100, 9) in xs
+    # every colour drawn is in the legend, with what it means
+    drawn = {line.get_color() for line in ax.lines if line.get_marker() == "o"}
+    legend = {h.get_color(): h.get_label() for h in fig.legends[0].legend_handles}
+    assert drawn and drawn <= set(legend)
+    assert "non-inferior (U < margin)" in legend["tab:green"]
+    assert legend["tab:orange"] == "mean, not non-inferior"
     P.save_figure(fig, tmp_path / "forest.png")
     assert (tmp_path / "forest.png").stat().st_size > 1000
 

@@ -350,8 +350,12 @@ def test_steptime_report_writes_its_products_and_says_when_not_calibrated(tmp_pa
     bench.mkdir()
     if BENCH.exists():
         shutil.copy(BENCH, bench / R.DEVELOPMENT)
-    out = R.steptime_stage(bench, tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(R.OUTPUTS)
+    out = R.steptime_stage(bench, tmp_path / "results/steptime")
+    assert sorted(p.name for p in (tmp_path / "results/steptime").iterdir()) == sorted(R.OUTPUTS)
+    # and its headline metrics beside results/, as the pipeline's metrics/steptime
+    assert sorted(p.stem for p in (tmp_path / "metrics/steptime").glob("*.json")) == [
+        "step-speedup", "step-speedup-of-paper", "wall-clock-saving",
+        "wall-clock-saving-of-paper"]
     if BENCH.exists():
         assert "Not yet calibrated" in out["calibration_note"]
         assert "development check" in out["calibration_note"]
@@ -371,7 +375,7 @@ def test_steptime_report_writes_its_products_and_says_when_not_calibrated(tmp_pa
         assert s[0] > 5 * s[-1] and s[-1] < 1.0
     fig = out["figures"]["speedup_vs_bandwidth"]
     assert len(fig.axes) == 2 and all(ax.get_xscale() == "log" for ax in fig.axes)
-    saved = json.loads((tmp_path / "out" / "predictions.json").read_text())
+    saved = json.loads((tmp_path / "results/steptime/predictions.json").read_text())
     assert saved["paper_figures"]["step_speedup"] == P.PAPER_STEP_SPEEDUP
     # with the calibration run present it is used and called calibrated
     if BENCH.exists():

@@ -1,11 +1,13 @@
-"""Publishing a finished run, and the README's "Results" section generated from what is
-published (never typed)."""
+"""Publishing a finished run, its page and the README's verdicts generated from what is
+published (never typed), and the README itself: short, every link resolving."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-import shutil
 import math
+import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -16,7 +18,10 @@ from lmrepro.errors import ParameterError
 from lmrepro.io import atomic_write_json, read_json, sha256_file
 from lmrepro.pipeline import analysis as A
 from lmrepro.pipeline import claims as C
+from lmrepro.pipeline import headline as H
+from lmrepro.pipeline import pages as G
 from lmrepro.pipeline import publish as P
+from lmrepro.pipeline.records import read_analysis
 from lmrepro.pipeline.report import build_index
 from lmrepro.stats import StatsConfig
 
@@ -52,7 +57,17 @@ def finished_run(root: Path, profile: str = "reference") -> Path:
                 forest_png=root / "results/analysis/forest.png",
                 resolved_params=root / "results/params.json")
     (root / "README.md").write_text(README)
+    write_lock(root)
     return root
+
+
+def write_lock(root: Path) -> None:
+    """The dvc.lock `dvc repro` leaves: the hashes of what its stages wrote."""
+    outs = [{"path": rel, "md5": hashlib.md5((root / rel).read_bytes()).hexdigest()}
+            for rel in P.LOCKED]
+    (root / "dvc.lock").write_text(json.dumps(
+        {"schema": "2.0", "stages": {"validate": {"outs": outs[:1]},
+                                     "report": {"outs": outs[1:]}}}))
 
 
 def test_publish_copies_the_small_products_and_writes_the_results_section(
@@ -68,7 +83,9 @@ def test_publish_copies_the_small_products_and_writes_the_results_section(
     # no checkpoint, no per-step log, no executed notebook
     assert not any("checkpoints" in f or f.endswith((".pt", ".jsonl", ".ipynb")) for f in files)
     manifest = read_json(dest / P.MANIFEST)
-    assert manifest["profile"] == "reference" and set(manifest["files"]) == files - {P.MANIFEST}
+    # every file but the page, which is generated from them
+    assert manifest["profile"] == "reference"
+    assert set(manifest["files"]) == files - {P.MANIFEST, G.PAGE}
     assert all(sha256_file(dest / f) == e["sha256"] for f, e in manifest["files"].items())
     # the README's section is generated from the published files, the rest is kept
     text = (root / "README.md").read_text()
@@ -81,6 +98,11 @@ def test_publish_copies_the_small_products_and_writes_the_results_section(
     assert len(rows) == len(claims) and "published/reference/reports/index.html" in section
     for line, (_, claim) in zip(rows, claims.iterrows(), strict=True):
         assert line.startswith(f"| {claim['claim']} |") and f"| {claim['verdict']} |" in line
+    # the run's lock and headline metrics travel with it; its page is what its files give
+    assert "dvc.lock" in files and "metrics/claims/rgc-throughput.json" in files
+    assert "metrics/rgc/rgc-async-vs-backprop.json" in files
+    assert (dest / "README.md").read_text() == G.page_text(dest, "reference")
+    assert "| --- | --- | --- | --- | --- | --- | --- |" in (dest / "README.md").read_text()
     # publishing again replaces the copy in place
     assert P.publish(root) == dest and not list(dest.parent.glob(".reference*"))
 
@@ -120,20 +142,83 @@ def test_another_profile_is_published_beside_and_leaves_the_readme(tmp_path: Pat
     assert "old text" in (root / "README.md").read_text()
 
 
-def test_the_readme_shows_what_is_published() -> None:
-    """The repository's README "Results" section is exactly what the published reference run
-    gives, and that run's claims table is what its analysis files give."""
+def test_a_lock_that_is_not_the_runs_is_refused(tmp_path: Path) -> None:
+    root = finished_run(tmp_path / "proj")
+    (root / "reports/index.html").write_text("<html>a later index</html>")
+    with pytest.raises(ParameterError, match="must be the lock of this run") as info:
+        P.publish(root)
+    assert info.value.name == "dvc.lock" and not (root / "published").exists()
+    (root / "dvc.lock").unlink()
+    with pytest.raises(ParameterError, match="dvc.lock"):
+        P.publish(root)
+
+
+def test_the_readme_lists_every_published_run_with_its_verdicts(tmp_path: Path) -> None:
+    root = finished_run(tmp_path / "proj")
+    (root / "README.md").write_text(f"# x\n\n{G.BEGIN}\nold\n{G.END}\n\nmore\n")
+    P.publish(root)
+    other = finished_run(tmp_path / "other", profile="default")
+    P.publish(other, root / "published" / "default", readme=root / "README.md")
+    text = (root / "README.md").read_text()
+    assert "old" not in text and text.endswith(f"{G.END}\n\nmore\n")
+    block = text.split(G.BEGIN, 1)[1].split(G.END, 1)[0]
+    rows = [r for r in block.splitlines() if r.startswith("| `")]
+    claims = pd.read_csv(root / "published/reference/results/analysis/claims.csv")
+    assert [r.split("|")[1].strip() for r in rows] == ["`default`", "`reference`"]
+    assert f"{len(claims)} claims: " in rows[1]
+    assert "(published/reference/README.md)" in rows[1]
+
+
+PUBLISHED = sorted(p for p in (ROOT / "published").iterdir() if (p / P.MANIFEST).is_file())
+
+
+@pytest.mark.parametrize("published", PUBLISHED, ids=[p.name for p in PUBLISHED])
+def test_each_published_page_and_headline_is_what_its_files_give(published: Path) -> None:
+    profile = json.loads((published / P.MANIFEST).read_text())["profile"]
+    assert (published / "README.md").read_text() == G.page_text(published, profile)
+    # the headline metrics: one file per claim with its verdict, one per comparison with its
+    # gap and bounds, as the run's claims table and analyses give them
+    claims = pd.read_csv(published / "results/analysis/claims.csv", keep_default_na=False,
+                         na_values=[""])
+    items = H.claim_items(claims)
+    assert sorted(f.stem for f in (published / "metrics/claims").glob("*.json")) == sorted(items)
+    for name, item in items.items():
+        got = json.loads((published / "metrics/claims" / f"{name}.json").read_text())
+        assert set(got) <= set(H.KEYS) and got["verdict"] == item["verdict"]
+    for stage in ("scape", "rgc"):
+        analysis = published / "results/analysis" / stage / "analysis.json"
+        if analysis.is_file():
+            want = H.comparison_items(read_analysis(analysis).comparisons)
+            for name, item in want.items():
+                got = json.loads((published / "metrics" / stage / f"{name}.json").read_text())
+                assert got == {k: v for k, v in item.items() if v is not None}
+
+
+def test_the_readme_is_short_and_its_links_resolve() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.encode("utf-8")) <= 10 * 1024
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert len(links) >= 10
+    for link in links:
+        if not re.match(r"[a-z]+://", link):
+            assert (ROOT / link).exists(), link
+    # the verdicts are what is published: one row per published run, linking to its page
+    assert text.split(G.BEGIN, 1)[1].split(G.END, 1)[0] == \
+        G.verdicts_table(ROOT / "published").split(G.BEGIN, 1)[1].split(G.END, 1)[0]
+    for run in G.published_runs(ROOT / "published"):
+        assert f"(published/{run.name}/README.md)" in text
+
+
+def test_the_published_reference_claims_are_what_its_analysis_gives() -> None:
+    """The published reference run's claims table is what its analysis files give."""
     published = ROOT / "published" / "reference"
-    assert P.readme_section(ROOT / "README.md") == P.results_section(published)
-    if not (published / "results/analysis/claims.csv").is_file():
-        assert "No reference run is published yet" in P.readme_section(ROOT / "README.md")
-        return
+    page = (published / "README.md").read_text()
     table = pd.read_csv(published / "results/analysis/claims.csv", keep_default_na=False,
                         na_values=[""])
     if P.stale_claims(table):
-        # made under older claim rules: the README must say so (its verdicts are not what
+        # made under older claim rules: the page must say so (its verdicts are not what
         # today's rules give), and the next reference run replaces it
-        assert "predates the current claim rules" in P.readme_section(ROOT / "README.md")
+        assert "predates the current claim rules" in page
         return
     # (the wording of the figures may change with the code; the numbers and verdicts may not)
     again = C.claims_table(C.read_stage_records(published / "results/analysis"))
@@ -172,3 +257,27 @@ def test_the_section_says_how_long_the_stages_ran(tmp_path: Path) -> None:
     prov["reports"] = [{"file": "c.html", "duration_s": None}]
     (pub / "reports/provenance.json").write_text(json.dumps(prov))
     assert "rendered stages ran" not in P.results_section(pub)
+
+
+def test_a_study_gets_its_page_and_a_readme_holding_its_markers_its_section(
+        tmp_path: Path) -> None:
+    """A study's run (e.g. the horizon profile's): its page holds what its analysis wrote, with
+    links from the page's folder; a README that holds the profile's markers gets the section."""
+    pub = tmp_path / "published" / "horizon"
+    (pub / "reports").mkdir(parents=True)
+    (pub / "results/analysis/scaling").mkdir(parents=True)
+    (pub / "results/analysis/scaling/readme_section.md").write_text(
+        "Figures: [{published}/results/analysis/scaling/](x).\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    (pub / "reports/provenance.json").write_text(json.dumps(
+        {"git": {"commit": "b" * 40, "dirty": False}, "generated_at": "2026-12-06T00:00:00",
+         "machine": {"usable_cores": 2, "cpu_model": "AMD EPYC"}}))
+    (pub / P.MANIFEST).write_text(json.dumps({"profile": "horizon", "files": {}}))
+    page = G.write_page(pub).read_text()
+    assert "Profile `horizon`, commit `bbbbbbbbbbbb`" in page and "2 cores of an AMD EPYC" in page
+    assert "[./results/analysis/scaling/](x)" in page and "| 1 | 2 |" in page
+    begin, end = P.profile_markers("horizon")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{begin}\nold\n{end}\n")
+    assert P.update_profile_section(readme, pub, "horizon", "published/horizon")
+    text = readme.read_text()
+    assert "old" not in text and "[published/horizon/results/analysis/scaling/](x)" in text

@@ -32,8 +32,9 @@ from lmrepro.io import (DamagedFileError, DiskFullError, NonFiniteError, append_
                         read_jsonl)
 from lmrepro.lifetime import FAULT_ENV, guarded_command, pid_alive, scratch_dir, sweep_scratch
 from lmrepro.pipeline.params import load_params
-from lmrepro.results import (CheckpointError, latest_checkpoint, load_checkpoint, prepare_runs_dir,
-                             read_run, read_summary, truncate_metrics, write_summary)
+from lmrepro.results import (CheckpointError, latest_checkpoint, load_checkpoint, read_run,
+                             read_summary, truncate_metrics, write_summary)
+from lmrepro.rundirs import collect_runs, identity_key, prepare_runs_dir
 from lmrepro.runlock import WRITER_LOCK, RunDirectoryBusy, writer_lock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +163,7 @@ def test_a_second_trainer_on_a_running_run_directory_is_refused(tmp_path):
         first.wait()
 
 
-def test_runs_are_moved_aside_never_deleted_and_never_under_a_live_writer(tmp_path):
+def test_runs_are_kept_by_identity_never_deleted_and_never_moved_under_a_live_writer(tmp_path):
     runs = tmp_path / "runs"
     prepare_runs_dir(runs, {"lr": 1})
     (runs / "c" / "a").mkdir(parents=True)
@@ -176,12 +177,25 @@ def test_runs_are_moved_aside_never_deleted_and_never_under_a_live_writer(tmp_pa
         holder.kill()
         holder.wait()
     prepare_runs_dir(runs, {"lr": 2})
-    aside = [p for p in tmp_path.iterdir() if p.name.startswith("runs.stale-")]
-    assert len(aside) == 1 and (aside[0] / "c" / "a" / "summary.json").read_text() == "{}"
+    kept = tmp_path / f"runs.kept-{identity_key({'lr': 1})}"
+    assert (kept / "c" / "a" / "summary.json").read_text() == "{}"
     assert json.loads((runs / "identity.json").read_text()) == {"lr": 2}
-    prepare_runs_dir(runs, {"lr": 2})                   # same identity: kept
+    assert not list(runs.rglob("summary.json"))        # no run of lr 1 is reused for lr 2
+    prepare_runs_dir(runs, {"lr": 2})                   # same identity: kept in place
+    (runs / "b").mkdir()
+    (runs / "b" / "summary.json").write_text('{"lr": 2}')
+    # back to lr 1: its runs come back, the lr 2 runs are kept in turn (a profile switched
+    # back and forth trains nothing again)
+    prepare_runs_dir(runs, {"lr": 1})
+    assert (runs / "c" / "a" / "summary.json").read_text() == "{}" and not kept.exists()
+    assert (tmp_path / f"runs.kept-{identity_key({'lr': 2})}" / "b" / "summary.json").exists()
+    assert collect_runs(tmp_path) == {"runs/c/a": runs / "c" / "a"}   # nothing set aside
+    # a folder whose identity is unknown goes stale, with a distinct name each time
+    (runs / "identity.json").unlink()
+    prepare_runs_dir(runs, {"lr": 3})
     (runs / "x").mkdir()
-    prepare_runs_dir(runs, {"lr": 3})                   # same second: a distinct name
+    (runs / "identity.json").write_text("not json")
+    prepare_runs_dir(runs, {"lr": 3})
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("runs.stale-")]) == 2
 
 
@@ -205,7 +219,7 @@ def test_a_failed_data_check_moves_nothing(tmp_path):
     with pytest.raises(ParameterError, match="tiny val split"):
         run_suite(suite, 0, prepared, stage)
     assert (stage / "runs" / "tiny" / "rgc-sync" / "summary.json").read_text() == "{}"
-    assert not list(tmp_path.glob("stage/runs.stale-*"))
+    assert not [p for p in (tmp_path / "stage").iterdir() if p.name.startswith("runs.")]
 
 
 # ------------------------------------------------------------------------------------------------

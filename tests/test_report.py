@@ -122,11 +122,14 @@ def test_index_links_reports_commit_and_citation(project: Path) -> None:
                                                     "03 <odd>.html"]
     assert prov["citation"]["bibtex"].startswith("@software{")
 
-    # dvc.lock, which every dvc repro rewrites, leaves a checkout clean
+    # dvc.lock and the headline metrics, which every dvc repro rewrites, leave a checkout clean
     (project / "dvc.lock").write_text("schema: '2.0'\n", encoding="utf-8")
-    git(project, "add", "dvc.lock")
+    (project / "metrics" / "claims").mkdir(parents=True)
+    (project / "metrics" / "claims" / "a.json").write_text('{"verdict": "reproduced"}')
+    git(project, "add", "dvc.lock", "metrics")
     git(project, "commit", "-q", "-m", "lock")
     (project / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n", encoding="utf-8")
+    (project / "metrics" / "claims" / "a.json").write_text('{"verdict": "not run"}')
     commit = git(project, "rev-parse", "HEAD")
     assert R.git_info(project) == {"commit": commit, "dirty": False, "available": True,
                                    "note": ""}
@@ -258,12 +261,21 @@ def test_index_opens_with_results_at_a_glance(project: Path) -> None:
     assert glance < page.index("<h2>Reports</h2>") < page.index("How to cite")
     assert page.index("This run (profile &#x27;default&#x27;, 2 training seeds 0, 1)") > glance
     assert "SCAPE suite: 2 runs of a 4-layer, d=128 model, 150 steps, 2 workers" in page
-    # one row per claim, the paper's figure and scale, ours, the verdict and the caveat
-    assert page.count('<td class="txt verdict-') == 3
-    assert '<td class="txt verdict-inconclusive">inconclusive</td>' in page
-    assert "Claim &lt;A&gt;" in page and "paper: 1.382x" in page and "31 cores" in page
-    assert "timing difference inside the step-time spread (±40%)" in page
-    assert "Verdicts: " in page
+    # one short row per claim: the claim, the paper's figure, ours in brief, the verdict and
+    # the number of its note, which holds the scales and the caveats
+    table = page[page.index("<table>", glance):page.index("</table>", glance)]
+    assert table.count('<td class="txt verdict-') == 3 and table.count("<tr>") == 4
+    assert '<td class="txt verdict-inconclusive">inconclusive</td>' in table
+    assert "Claim &lt;A&gt;" in table and "paper: 1.382x" in table
+    assert "31 cores" not in table and "±40%" not in table
+    assert '<a href="#note-1">1</a>' in table and '<a href="#note-3">3</a>' in table
+    notes = page[page.index('<ol class="notes">'):]
+    assert "31 cores" in notes and "timing difference inside the step-time spread (±40%)" in notes
+    assert notes.index('id="note-1"') < notes.index('id="note-2"') < notes.index('id="note-3"')
+    # a legend says what each verdict present means, and how many rows have it
+    legend = page[page.index("What the verdicts mean"):page.index('<ol class="notes">')]
+    assert "the measurement cannot decide" in legend and "does not run what" in legend
+    assert "not testable here" not in legend
     # the forest plot is in the page itself; nothing is loaded from elsewhere
     assert page.count("<img") == 1
     assert re.findall(r'src="([^"]{0,22})', page) == ["data:image/png;base64,"]

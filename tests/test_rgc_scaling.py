@@ -127,7 +127,7 @@ def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
     before = {k: (d / "summary.json").stat().st_mtime_ns for k, d in out.items()}
     scaling_stage(suite, prepared, tmp_path / "st")
     assert {k: (d / "summary.json").stat().st_mtime_ns for k, d in out.items()} == before
-    # ... and a changed run (its sweep centre, so its grid) moves only its directories aside
+    # ... and a changed run (its sweep centre, so its grid) sets only its directories aside
     changed = _suite(runs=[*_study()["runs"][:2],
                            {"name": "backprop", "executor": "backprop", "lr": 0.0005}])
     out2 = scaling_stage(changed, prepared, tmp_path / "st")
@@ -135,8 +135,8 @@ def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
         assert (out2[key] / "summary.json").stat().st_mtime_ns == before[key]
     lr = read_summary(out2["a/L2/backprop/seed0"]).config["settings"]["lr"]
     assert lr in (0.00025, 0.0005, 0.001)
-    assert list((tmp_path / "st" / "runs" / "a" / "L2").glob("backprop.stale-*"))
-    assert not list((tmp_path / "st" / "runs" / "a" / "L2").glob("rgc.stale-*"))
+    assert list((tmp_path / "st" / "runs" / "a" / "L2").glob("backprop.kept-*"))
+    assert not list((tmp_path / "st" / "runs" / "a" / "L2").glob("rgc.kept-*"))
 
 
 def test_the_pool_trains_runs_two_at_a_time_with_the_same_results(prepared: Path,

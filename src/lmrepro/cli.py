@@ -138,10 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("publish", help="copy a finished run's small products (metrics, tables, "
-                       "plots, reports; no checkpoints) to published/<profile>/ and, for the "
-                       "reference profile, write the README's Results section from them")
+                       "plots, reports, its dvc.lock; no checkpoints) to published/<profile>/, "
+                       "write its page there and the README's verdicts from them")
     p.add_argument("--dest", default=None, help="default: published/<the run's profile>")
-    p.add_argument("--readme", default="README.md", help="README to update (reference run)")
+    p.add_argument("--readme", default="README.md", help="README whose verdicts to update")
     p.set_defaults(func=_cmd_publish)
 
     # the composition: every wing's registrations with the pipeline (roles, sections, claims)

@@ -22,7 +22,6 @@ and how to start over (move the run directory aside; nothing here deletes a run)
 
 from __future__ import annotations
 
-import datetime
 import importlib
 import json
 import logging
@@ -40,7 +39,6 @@ from lmrepro.errors import ParameterError, check
 from lmrepro.io import (DamagedFileError, atomic_torch_save, atomic_write_json, atomic_write_text,
                         jsonl_text, read_json, read_jsonl, torch_load)
 from lmrepro.lifetime import fault_point
-from lmrepro.runlock import WRITER_LOCK, check_no_other_writer
 
 log = logging.getLogger(__name__)
 
@@ -407,94 +405,3 @@ def _read_state(path: Path, run_dir: str | Path, step: int, when_missing: str,
                               f"{state.get('step') if isinstance(state, dict) else None}, "
                               f"{step_source} {step}")
     return state
-
-
-# ------------------------------------------------------------------------------------------------
-# a stage's run directories and its DVC products
-# ------------------------------------------------------------------------------------------------
-
-def prepare_runs_dir(runs_dir: str | Path, identity: dict[str, Any]) -> Path:
-    """Keep ``runs_dir`` (finished runs, checkpoints) only if the same configuration and data made
-    it; otherwise move it aside to ``<runs_dir>.stale-<UTC time>`` (never deleted), so a changed
-    parameter never reuses stale runs. Call it after every check of the configuration passed.
-
-    ``identity`` (parameters and the prepared data's manifests) is stored as
-    ``runs_dir/identity.json``. DVC keeps run directories (``persist: true``) so that an
-    interrupted stage resumes; this check is what makes that safe. Nothing is moved while any
-    run below is being written by another process (:class:`RunDirectoryBusy`); the caller holds
-    the stage's own :func:`writer_lock`.
-    """
-    runs_dir = Path(runs_dir)
-    marker = runs_dir / "identity.json"
-    identity = json.loads(json.dumps(identity, sort_keys=True, default=str))
-    if runs_dir.exists():
-        check_no_other_writer(runs_dir)
-    if runs_dir.exists() and any(p.name != WRITER_LOCK for p in runs_dir.iterdir()) and (
-            not marker.exists() or _read_identity(marker) != identity):
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-        aside = runs_dir.with_name(f"{runs_dir.name}.stale-{stamp}")
-        n = 1
-        while aside.exists():
-            n += 1
-            aside = runs_dir.with_name(f"{runs_dir.name}.stale-{stamp}-{n}")
-        runs_dir.rename(aside)
-        log.warning("%s was made by another configuration or data: moved aside to %s",
-                    runs_dir, aside)
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(marker, identity)
-    return runs_dir
-
-
-def seed_dir(seed: int) -> str:
-    """The folder of a stage's runs trained with ``seed``: ``runs/<corpus>/seed<N>/<run>`` (a
-    suite runs once per seed; the analysis pairs runs by the seed in their summaries)."""
-    return f"seed{seed}"
-
-
-def _read_identity(marker: Path) -> Any:
-    """The stored identity; a damaged one counts as different (the runs are moved aside)."""
-    try:
-        return read_json(marker)
-    except (DamagedFileError, UnicodeDecodeError, ValueError):
-        return None
-
-
-def collect_runs(runs_dir: str | Path) -> dict[str, Path]:
-    """Finished run directories at any depth under ``runs_dir`` (``<corpus>/seed<N>/<run>``),
-    labelled by their path below it, e.g. ``{"shakespeare/seed0/adamw": path}``, sorted."""
-    runs_dir = Path(runs_dir)
-    return {summary.parent.relative_to(runs_dir).as_posix(): summary.parent
-            for summary in sorted(runs_dir.rglob(SUMMARY))}
-
-
-METRIC_KEYS = ("final_bpb", "tokens_per_s", "mean_step_time_s", "peak_rss_bytes", "steps",
-               "tokens")
-
-
-def write_stage_products(stage_dir: str | Path, runs: dict[str, Path]) -> None:
-    """DVC metrics (``metrics.json``: scalars per run) and plots (``loss_curve.csv``, and
-    ``bytes_per_step.csv`` for runs that communicate)."""
-    import csv
-    import io
-
-    metrics, losses, comm = {}, io.StringIO(), io.StringIO()
-    loss_rows = csv.writer(losses, lineterminator="\n")
-    loss_rows.writerow(["run", "step", "loss"])
-    comm_rows = csv.writer(comm, lineterminator="\n")
-    comm_rows.writerow(["run", "step", "bytes_total"])
-    for label, run_dir in sorted(runs.items()):
-        run = read_run(run_dir)
-        summary = run["summary"]
-        metrics[label] = {k: summary[k] for k in METRIC_KEYS}
-        if summary.get("bytes_per_step"):
-            metrics[label]["bytes_per_step"] = summary["bytes_per_step"]["total"]
-        for rec in run["metrics"]:
-            if "loss" in rec:
-                loss_rows.writerow([label, rec["step"], f"{rec['loss']:.6f}"])
-            if "bytes_total" in rec:
-                comm_rows.writerow([label, rec["step"], rec["bytes_total"]])
-    stage_dir = Path(stage_dir)
-    atomic_write_json(stage_dir / "metrics.json", metrics)
-    atomic_write_text(stage_dir / "loss_curve.csv", losses.getvalue())
-    if any("bytes_per_step" in m for m in metrics.values()):
-        atomic_write_text(stage_dir / "bytes_per_step.csv", comm.getvalue())

@@ -11,8 +11,8 @@ from lmrepro.data.batches import check_context
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
 from lmrepro.runlock import holds_writer_lock
-from lmrepro.results import (SUMMARY, prepare_runs_dir, read_summary,
-                             seed_dir, write_stage_products)
+from lmrepro.results import SUMMARY, read_summary
+from lmrepro.rundirs import prepare_runs_dir, seed_dir, write_stage_products
 
 
 @holds_writer_lock("stage_dir")

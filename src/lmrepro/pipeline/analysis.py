@@ -46,7 +46,8 @@ from lmrepro.pipeline.resources import (StepTimes, bytes_long, bytes_per_step,
 from lmrepro.pipeline.runs import (GIB, Run, Runs, RunSource, config_label, configuration_key,
                                    learning_rate, load_run, load_runs, loss_spikes, named_run,
                                    run_role, run_scale, workers)
-from lmrepro.results import RunSummary, collect_runs
+from lmrepro.results import RunSummary
+from lmrepro.rundirs import collect_runs
 from lmrepro.stats import StatsConfig
 
 # (also readable here, registered by the wings: STAGE_REFERENCES, DEFAULT_PAIRINGS, ROLE_<ROLE>,
@@ -141,6 +142,7 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
     ``tables``, ``outcomes``, ``records``, ``figures`` and ``floors``.
     """
     from lmrepro.pipeline import plots
+    from lmrepro.pipeline.headline import comparison_items, metrics_dir, write_headline
 
     references = registry.stages()
     check(stage in references, "stage", stage, f"must be one of {sorted(references)}")
@@ -168,6 +170,8 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
                   "non_inferior": c.non_inferior, "pairs": c.n_pairs, "seeds": c.n_seeds}
         for c in records.comparisons})
     atomic_write_json(out_dir / "analysis.json", records.model_dump(mode="json"))
+    write_headline(metrics_dir(out_dir, stage),
+                   comparison_items(records.comparisons))
     floors = ({} if prepared_dir is None else
               plots.ngram_floors(prepared_dir, {r.summary.corpus for r in runs.values()}))
     figures = {"loss_curves": plots.plot_loss_curves(runs, title=f"{stage}: loss curves",

@@ -81,6 +81,8 @@ class Measured:
     testable: bool = True    # False: the models did not learn enough for a quality verdict
     direction_only: bool = False   # reproduced in direction, outside the rule's tolerance
     untestable_here: bool = False  # no experiment of this package can test the claim
+    lower: float | None = None     # a comparison's bounds on ``value`` (its verdict's level)
+    upper: float | None = None
 
     @property
     def verdict(self) -> str:
@@ -310,7 +312,7 @@ def noninferiority_measure(
                                 c.non_inferior == non_inferior, scale,
                                 tuple(c.caveats) + untestable_caveat(c)
                                 + (extra_caveats(c, records) if extra_caveats else ()),
-                                testable=c.testable))
+                                testable=c.testable, lower=c.lower_bound, upper=c.upper_bound))
         return out
     return measure
 
@@ -340,8 +342,8 @@ def _caveats(*parts: str) -> str:
     return CAVEAT_SEPARATOR.join(seen)
 
 
-def claims_table(records: AnalysisRecords, claims: Sequence[Claim] | None = None
-                 ) -> pd.DataFrame:
+def claims_table(records: AnalysisRecords, claims: Sequence[Claim] | None = None, *,
+                 bounds: bool = False) -> pd.DataFrame:
     """Each claim (default: :func:`registry`) beside our measured figure.
 
     Columns (:data:`CLAIM_COLUMNS`): ``id``, ``paper``, ``claim``, ``paper_figure`` (the
@@ -349,6 +351,8 @@ def claims_table(records: AnalysisRecords, claims: Sequence[Claim] | None = None
     behind it: a fraction or a ratio), ``our_scale``, ``corpus``, ``rule``, ``verdict`` (one of
     :data:`VERDICTS`) and ``caveats`` (the declared caveat, then the measured ones, joined by
     ``"; "``). A claim measured in several settings (e.g. two corpora) gets one row each.
+    ``bounds``: two more columns, ``lower`` and ``upper``, a comparison's bounds on
+    ``measured_value`` (None for other claims).
     """
     rows = []
     for claim in registry() if claims is None else claims:
@@ -362,9 +366,10 @@ def claims_table(records: AnalysisRecords, claims: Sequence[Claim] | None = None
                          "caveats": _caveats(claim.caveat), "kind": "measured"})
         rows += [{**base, "measured": m.measured, "measured_value": m.value,
                   "our_scale": m.scale, "corpus": m.corpus, "verdict": m.verdict,
-                  "caveats": _caveats(claim.caveat, *m.caveats), "kind": m.kind}
+                  "caveats": _caveats(claim.caveat, *m.caveats), "kind": m.kind,
+                  "lower": m.lower, "upper": m.upper}
                  for m in measured]
-    return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
+    return pd.DataFrame(rows, columns=CLAIM_COLUMNS + ["lower", "upper"] * bounds)
 
 
 def verdict_counts(table: pd.DataFrame) -> dict[str, int]:
@@ -417,12 +422,17 @@ def claims_stage(analysis_root: str | Path = "results/analysis",
     """The claims table from ``analysis_root/<stage>/analysis.json`` of each stage in
     :data:`STAGES` (a missing stage's claims are ``not run``); writes ``out_root/claims.csv``,
     the DVC metric ``out_root/claims.json`` (:func:`verdict_counts`) and the forest plot of
-    every comparison, ``out_root/forest.png``."""
+    every comparison, ``out_root/forest.png``; the headline metrics, one per claim
+    (:mod:`lmrepro.pipeline.headline`)."""
     from lmrepro.pipeline import plots
 
+    from lmrepro.pipeline.headline import claim_items, metrics_dir, write_headline
+
     records = read_stage_records(analysis_root)
-    table = claims_table(records)
+    full = claims_table(records, bounds=True)
+    table = full[CLAIM_COLUMNS]
     atomic_write_text(Path(out_root) / "claims.csv", table.to_csv(index=False))
     atomic_write_json(Path(out_root) / "claims.json", verdict_counts(table))
+    write_headline(metrics_dir(out_root, "claims"), claim_items(full))
     plots.save_figure(plots.plot_forest(records.comparisons), Path(out_root) / "forest.png")
     return table

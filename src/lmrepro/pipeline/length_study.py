@@ -23,6 +23,7 @@ from scipy import stats as sps
 from lmrepro.io import read_json
 from lmrepro.pipeline.analysis import Run
 from lmrepro.results import SUMMARY
+from lmrepro.rundirs import set_aside
 from lmrepro.stats import StatsConfig, noninferiority
 
 LOG2 = math.log(2)
@@ -31,7 +32,7 @@ LOG2 = math.log(2)
 def find_runs(root: Path) -> dict[str, Path]:
     """Finished run directories below ``root`` by their path relative to it."""
     return {str(p.parent.relative_to(root)): p.parent for p in sorted(root.glob(f"**/{SUMMARY}"))
-            if "checkpoints" not in p.parts and ".stale-" not in str(p)}
+            if "checkpoints" not in p.parts and not set_aside(p.relative_to(root))}
 
 
 def finished_at(run_dir: Path) -> str:

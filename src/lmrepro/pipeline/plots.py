@@ -174,12 +174,14 @@ def plot_loss_curves(runs: Runs, *, title: str = "Loss curves", floors: Floors |
 
 def plot_step_series(frame: pd.DataFrame, value: str, *, title: str, ylabel: str,
                      log: bool = False) -> Figure:
-    """A per-step series of many runs (``frame``: ``run, step, <value>``, runs labelled
-    ``.../<name>``): one line per run name (the mean over the runs sharing it, e.g. the seeds;
-    a light band from the lowest to the highest), the legend below the axes."""
+    """A per-step series of many runs (``frame``: ``run, step, <value>`` with the run's name,
+    and its ``seed`` when there are several; or runs labelled ``.../<name>``): one line per run
+    name (the mean over its seeds; a light band from the lowest to the highest), the legend
+    below the axes."""
     from matplotlib.lines import Line2D
 
     df = frame.assign(group=[str(r).rsplit("/", 1)[-1] for r in frame.run])
+    each = [c for c in ("corpus", "seed") if c in df] or ["run"]
     groups = sorted(df.group.unique())
     colours = _palette(groups)
     fig = Figure(figsize=(9, 4.6), layout="constrained")
@@ -188,7 +190,7 @@ def plot_step_series(frame: pd.DataFrame, value: str, *, title: str, ylabel: str
         by_step = df[df.group == group].groupby("step")[value]
         mean = by_step.mean()
         ax.plot(mean.index, mean.values, color=colours[group], linewidth=1.3)
-        if df[df.group == group].run.nunique() > 1:
+        if len(df[df.group == group].groupby(each)) > 1:
             ax.fill_between(mean.index, by_step.min().values, by_step.max().values,
                             color=colours[group], alpha=0.15, linewidth=0)
     if log:
@@ -314,13 +316,14 @@ def plot_forest(comparisons: Sequence[ComparisonRecord], *,
                 title: str = "Non-inferiority: every comparison") -> Figure:
     """One row per comparison: the mean relative difference (dot) and the one-sided upper bound
     the verdict uses (the bar's end, ``|``), the other level's bound (``x``), the margin (red
-    line) and zero (grey); green rows are non-inferior. Diverged candidates are labelled."""
+    line) and zero (grey); green rows are non-inferior, orange ones not; every mark and colour
+    is in the legend below the axes. Diverged candidates are labelled."""
     n = max(1, len(comparisons))
     fig = Figure(figsize=(9, 0.45 * n + 1.4), layout="constrained")
     ax = fig.subplots()
     margins = sorted({c.margin for c in comparisons}) or [0.01]
     for m in margins:
-        ax.axvline(m * 100, color="tab:red", linewidth=1.5, label=f"margin {m:.1%}")
+        ax.axvline(m * 100, color="tab:red", linewidth=1.5)
     ax.axvline(0.0, color="0.6", linewidth=0.8)
     labels = []
     for i, c in enumerate(reversed(comparisons)):
@@ -339,12 +342,27 @@ def plot_forest(comparisons: Sequence[ComparisonRecord], *,
             ax.plot([other * 100], [i], "x", color="0.3", markersize=6)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylim(-0.7, max(0.7, len(labels) - 0.3))
-    ax.set_xlabel("mean relative difference in eval loss (%)\n"
-                  "dot = mean, | = upper bound U of the verdict, x = the other level's U",
-                  fontsize=9)
+    ax.set_xlabel("mean relative difference in eval loss (%)", fontsize=9)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    fig.legend(handles=forest_legend(margins), loc="outside lower center", ncol=3, fontsize=8,
+               frameon=False)
     return fig
+
+
+def forest_legend(margins: Sequence[float]) -> list[Any]:
+    """Every mark of :func:`plot_forest`, its colours included."""
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], color="tab:green", marker="o", linewidth=2.5,
+                   label="mean, non-inferior (U < margin)"),
+            Line2D([], [], color="tab:orange", marker="o", linewidth=2.5,
+                   label="mean, not non-inferior"),
+            Line2D([], [], color="black", marker="|", markersize=12, markeredgewidth=2,
+                   linestyle="", label="U: the verdict's upper bound"),
+            Line2D([], [], color="0.3", marker="x", linestyle="", label="the other level's U"),
+            *[Line2D([], [], color="tab:red", linewidth=1.5, label=f"margin {m:.1%}")
+              for m in margins],
+            Line2D([], [], color="0.6", linewidth=0.8, label="no difference")]
 
 
 def save_figure(fig: Figure, path: str | Path) -> None:

@@ -27,6 +27,9 @@ def _run_git(repo_dir: Path, *args: str) -> subprocess.CompletedProcess | None:
 
 #: written by ``dvc repro`` itself: not a change to the code or parameters of a run
 PIPELINE_LOCK = "dvc.lock"
+#: the stages' headline metrics (:mod:`lmrepro.pipeline.headline`): tracked by git so that each
+#: commit and experiment carries them, and rewritten by the run itself
+HEADLINE_METRICS = "metrics"
 
 
 def git_info(repo_dir: str | os.PathLike) -> dict[str, Any]:
@@ -34,8 +37,9 @@ def git_info(repo_dir: str | os.PathLike) -> dict[str, Any]:
 
     The commit comes from ``git rev-parse HEAD``; ``dirty`` is True when tracked files differ from
     it (``git --no-optional-locks status --porcelain --untracked-files=no``, which takes no lock
-    and writes nothing), other than ``dvc.lock``: DVC rewrites it during every ``dvc repro`` (it
-    records what this run did), so a run from a clean checkout stays clean. Outside a
+    and writes nothing), other than ``dvc.lock`` and the headline metrics under ``metrics/``:
+    the run itself writes them (what it did, what it found), so a run from a clean checkout
+    stays clean. Outside a
     repository, without commits, or without git, ``commit`` and ``dirty`` are None and ``note``
     says why.
     """
@@ -51,7 +55,8 @@ def git_info(repo_dir: str | os.PathLike) -> dict[str, Any]:
                 else f"{repo_dir} is not inside a git repository")
         return {"commit": None, "dirty": None, "available": False, "note": note}
     status = _run_git(repo_dir, "--no-optional-locks", "status", "--porcelain",
-                      "--untracked-files=no", "--", ".", f":(exclude){PIPELINE_LOCK}")
+                      "--untracked-files=no", "--", ".", f":(exclude){PIPELINE_LOCK}",
+                      f":(exclude){HEADLINE_METRICS}")
     dirty = None if status is None or status.returncode != 0 else bool(status.stdout.strip())
     return {"commit": head.stdout.strip(), "dirty": dirty, "available": True, "note": ""}
 

@@ -163,7 +163,9 @@ td.verdict-reproduced{background:#e3f4e6;font-weight:600}
 td.verdict-consistent-with-the-authors-logs{background:#e6eefb;font-weight:600}
 td.verdict-not-reproduced{background:#fbe4e4;font-weight:600}
 td.verdict-inconclusive{background:#fff4d6;font-weight:600}
+td.verdict-reproduced-in-direction-only{background:#eef6e0;font-weight:600}
 td.verdict-not-run{color:#777}
+.glance td{max-width:34em}.legend td{max-width:60em}ol.notes li{margin:.25em 0}
 code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.86em}
 pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:.7em;white-space:pre-wrap;
 overflow-wrap:anywhere}
@@ -256,23 +258,20 @@ def scale_sentence(params: Mapping[str, Any] | None, machine: Mapping[str, Any],
 
 
 def _glance_html(claims: Any, forest_png: bytes | None) -> str:
-    from lmrepro.pipeline.tables import table_html
+    from lmrepro.pipeline.glance import claims_html
 
     if claims is None:
         table = ("<p class=\"muted\">No claims yet: results/analysis/claims.csv is made by the "
                  "claims stage (<code>dvc repro</code>).</p>")
     else:
-        table = table_html(claims, GLANCE_COLUMNS, caption="One row per claim and setting")
-        counts = claims["verdict"].value_counts().to_dict()   # most frequent first
-        table += ("<p>Verdicts: " + ", ".join(f"{_e(k)} {n}" for k, n in counts.items())
-                  + ".</p>")
+        table = claims_html(claims)
     figure = ""
     if forest_png:
         data = base64.b64encode(forest_png).decode("ascii")
         figure = ("<h3>Every non-inferiority comparison</h3><p>Mean relative difference in eval "
-                  "loss (dot) and the one-sided upper bound U the verdict uses (bar end), "
-                  "against the margin (red line): a comparison is non-inferior when U is left "
-                  "of the margin.</p>"
+                  "loss (dot: green when non-inferior, orange when not) and the one-sided upper "
+                  "bound U the verdict uses (bar end), against the margin (red line): a "
+                  "comparison is non-inferior when U is left of the margin.</p>"
                   f"<img class=\"figure\" alt=\"forest plot of the non-inferiority comparisons\" "
                   f"src=\"data:image/png;base64,{data}\">")
     return table + figure

@@ -24,7 +24,7 @@ none).
 
 Run directories: ``<stage>/sweep/<size>/L<steps>/<run>@lr<lr>/seed<N>/`` and
 ``<stage>/runs/<size>/L<steps>/<run>/seed<N>/``; each ``<run>`` directory stores its identity
-(the run's whole configuration and the data's manifest, :func:`lmrepro.results.prepare_runs_dir`),
+(the run's whole configuration and the data's manifest, :func:`lmrepro.rundirs.prepare_runs_dir`),
 so adding a run or a seed keeps every finished one and a changed setting never reuses one.
 The analysis is :mod:`lmrepro.rgc.scaling_report`.
 """
@@ -41,7 +41,8 @@ from typing import Any
 from lmrepro.data.stage import data_identity
 from lmrepro.io import atomic_write_json, read_json
 from lmrepro.model import ModelConfig
-from lmrepro.results import SUMMARY, prepare_runs_dir, read_summary, seed_dir
+from lmrepro.results import SUMMARY, read_summary
+from lmrepro.rundirs import prepare_runs_dir, seed_dir
 from lmrepro.rgc.config import RGCConfig, RGCScaling, RGCStudyRun, RGCSuite
 from lmrepro.runlock import holds_writer_lock
 from lmrepro.sweep import beyond_edge, edge_row, on_edge, select_best

@@ -242,14 +242,21 @@ def analysis_stage(params: Any, stage_dir: str | Path = "results/rgc_scaling",
     None (and a note) without one."""
     from lmrepro.pipeline.analysis import corpus_floors
 
+    from lmrepro.pipeline.headline import metrics_dir, study_items, write_headline
+
     study = params.rgc.scaling
+    headline = metrics_dir(out_dir, "rgc_scaling")
     if study is None:
         atomic_write_json(Path(out_dir) / "rgc_scaling.json",
                           {"note": "no training-length study in this profile"})
+        write_headline(headline, {})
         return None
     corpus = params.rgc.corpora[0]
     floors = corpus_floors(params.data.prepared_dir, {corpus})
-    return write_analysis(stage_dir, out_dir, params.stats, study, floors, corpus)
+    result = write_analysis(stage_dir, out_dir, params.stats, study, floors, corpus)
+    write_headline(headline, study_items(result["tables"]["gaps"],
+                                         (study.verdict_size, study.verdict_steps)))
+    return result
 
 
 #: the columns a report shows of each table, by their registered names

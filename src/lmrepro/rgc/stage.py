@@ -11,8 +11,8 @@ import numpy as np
 from lmrepro.data.prepare import load_split
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.runlock import holds_writer_lock
-from lmrepro.results import (SUMMARY, prepare_runs_dir, read_run, seed_dir,
-                             write_stage_products)
+from lmrepro.results import SUMMARY, read_run
+from lmrepro.rundirs import prepare_runs_dir, seed_dir, write_stage_products
 from lmrepro.rgc.common import check_data
 from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor
 from lmrepro.rgc.runner import train

@@ -21,8 +21,9 @@ SCALE = "GPT-345M / OpenWebText and Llama-500M / SlimPajama-6B, 32 GH200 GPUs"
 #: what every quality verdict rests on at our scale
 QUALITY_CAVEAT = ("models of at most 1M parameters on 2 CPU workers for at most a few thousand "
                   "steps, against the paper's 345M-500M parameters and 100 000 iterations; each "
-                  "method at the learning rate its profile's sweep chose on the validation "
-                  "split (docs/scape.md)")
+                  "method at a learning rate swept on the validation split: by its profile's "
+                  "own sweep where the profile has one, else the reference profile's winners "
+                  "(docs/scape.md)")
 #: what every timing verdict rests on at our scale
 TIMING_CAVEAT = ("2 gloo workers on one machine's loopback: the bandwidth SCAPE saves is almost "
                  "free here; the rate-limited link benchmark (docs/performance.md) measures the "

@@ -36,8 +36,9 @@ def _edge(r: dict) -> str:
             f"{r['beyond_final_bpb']:.3f} ({said})")
 
 
-def section(published: str | Path) -> str:
-    """The doc section (markers included) from a published profile's analysis files."""
+def section(published: str | Path, earlier: str | Path | None = None) -> str:
+    """The doc section (markers included) from a published profile's analysis files, and the
+    runs it shares with an ``earlier`` publication (:func:`rerun_table`)."""
     published = Path(published)
     an = published / "results" / "analysis" / "scaling"
     prov = read_json(published / "reports" / "provenance.json")
@@ -82,15 +83,57 @@ def section(published: str | Path) -> str:
         lines += ["Edge check (each edge winner trained once more one grid step beyond it, "
                   "seed 0, validation bits/byte; the study keeps the grid's winner): "
                   + "; ".join(_edge(r) for r in edge.to_dict("records")) + ".", ""]
+    if earlier is not None:
+        lines += rerun_table(published, earlier)
     return "\n".join([*lines, END])
+
+
+def rerun_table(published: str | Path, earlier: str | Path) -> list[str]:
+    """The runs both publications trained with the same settings, seed and lr (the study's
+    verdict point in both), their final validation bits/byte side by side with the CPU each ran
+    on: bit-identical on one CPU model, and how far apart across two."""
+    v = read_json(Path(published) / "results" / "analysis" / "scaling" / "scaling.json")["verdict"]
+    rows = []
+    for name in ("adams", "scape90", "scape99", "topk99"):
+        for seed in range(10):
+            pair = [_run_at(Path(x) / "results" / "scaling" / "runs" / v["size"]
+                            / f"L{v['steps']}" / f"seed{seed}" / name)
+                    for x in (published, earlier)]
+            if all(pair) and pair[0]["config"] == pair[1]["config"]:
+                rows.append((name, seed, pair[0]["final_bpb"], pair[1]["final_bpb"]))
+    if not rows:
+        return []
+    cpus = [read_json(Path(x) / "reports" / "provenance.json").get("machine", {})
+            .get("cpu_model", "?") for x in (published, earlier)]
+    out = [f"The same runs (same settings, seed and lr) in `{Path(earlier).as_posix()}`, trained "
+           f"on another machine ({cpus[1]}; this study: {cpus[0]}), final validation bits/byte:",
+           "", "| run | seed | this study | earlier | difference |", "|---|---:|---:|---:|---:|"]
+    out += [f"| {n} | {sd} | {a:.4f} | {b:.4f} | {_pct(a / b - 1)} |" for n, sd, a, b in rows]
+    return [*out, ""]
+
+
+def _run_at(run_dir: Path) -> dict | None:
+    """A run's final validation loss and the settings that decide its numbers."""
+    if not (run_dir / "summary.json").exists():
+        return None
+    s = read_json(run_dir / "summary.json")
+    cfg = s.get("config", {})
+    settings = {k: v for k, v in cfg.get("settings", {}).items()
+                if k in ("steps", "lr", "warmup_steps", "batch_size", "weight_decay",
+                         "max_grad_norm", "beta1", "beta2")}
+    run = {k: v for k, v in cfg.get("run", {}).items() if k in ("optimizer", "sparsity")}
+    return {"final_bpb": s["final_bpb"], "config": {"settings": settings, "run": run,
+                                                    "lr": s["details"]["lr"]}}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--published", default="published/mechanism", help="a published profile")
+    ap.add_argument("--earlier", default="published/scaling", help="a publication with the "
+                    "same verdict point, compared run by run (none: '')")
     ap.add_argument("--doc", default=None, help="regenerate this page's marked section")
     args = ap.parse_args(argv)
-    text = section(args.published)
+    text = section(args.published, args.earlier or None)
     if args.doc:
         update_doc(args.doc, text, BEGIN, END)
         print(f"updated {args.doc}")

@@ -23,7 +23,8 @@ from typing import Any
 import pandas as pd
 
 from lmrepro.io import atomic_write_text, read_json, read_jsonl
-from lmrepro.results import METRICS, collect_runs, read_summary
+from lmrepro.results import METRICS, read_summary
+from lmrepro.rundirs import collect_runs
 from lmrepro.scape.details import ScapeDetails
 
 SPARSE_METHODS = ("scape", "scape_stale_m", "topk", "topk_adamw")
@@ -193,7 +194,7 @@ def lr_findings(table: Mapping[str, Any], common_lr: float) -> pd.DataFrame:
 
 def sweep_figure(table: Mapping[str, Any]) -> Any:
     """Final bits per byte against the learning rate (log scale), a line per run; diverged
-    values are left out (marked on the axis as x)."""
+    values are left out (marked on the axis as x). Without a sweep, a line of text saying so."""
     import matplotlib.pyplot as plt
 
     rows = table.get("rows") or []
@@ -205,10 +206,17 @@ def sweep_figure(table: Mapping[str, Any]) -> Any:
         bad = [lr for lr, b in pts if b is None]
         if bad and ok:
             ax.plot(bad, [max(b for _, b in ok)] * len(bad), "x", color=line[0].get_color())
+    if not rows:    # a figure says so in words rather than drawing empty axes
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "No learning-rate sweep in this profile: each run at its own lr\n"
+                "from params.yaml (the reference profile's sweep winners)", ha="center",
+                va="center", fontsize=12, transform=ax.transAxes)
+        fig.set_size_inches(8, 1.2)
+        plt.close(fig)
+        return fig
     ax.set(xscale="log", xlabel="peak learning rate", ylabel="final bits per byte (val)",
            title="Learning-rate sweep (x: diverged)")
-    if rows:
-        ax.legend(fontsize=8)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     plt.close(fig)
     return fig

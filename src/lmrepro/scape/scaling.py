@@ -21,7 +21,7 @@ seeds, clipping, weight-decay groups, schedules) at several training lengths and
 Run directories: ``<stage>/sweep/<size>/L<steps>/<run>@lr<lr>/``,
 ``<stage>/runs/<size>/L<steps>/seed<N>/<run>/`` and
 ``<stage>/ablations/<ablation>/<size>/L<steps>/seed<N>/<ablation>/``; each point directory
-stores its identity (:func:`lmrepro.results.prepare_runs_dir`), so a changed setting never
+stores its identity (:func:`lmrepro.rundirs.prepare_runs_dir`), so a changed setting never
 reuses a run and an interrupted study resumes where it stopped. The analysis is
 :mod:`lmrepro.scape.scaling_report`.
 """
@@ -41,8 +41,8 @@ from lmrepro.evaluation import decay_start
 from lmrepro.io import atomic_write_json, read_json
 from lmrepro.model import ModelConfig
 from lmrepro.runlock import holds_writer_lock
-from lmrepro.results import (SUMMARY, prepare_runs_dir, read_summary,
-                             seed_dir)
+from lmrepro.results import SUMMARY, read_summary
+from lmrepro.rundirs import prepare_runs_dir, seed_dir
 from lmrepro.scape.config import (ScalingAblation, ScalingStudy, ScapeConfig, ScapeRun,
                                   ScapeSuite)
 from lmrepro.scape.launch import run_scape_suite

@@ -274,15 +274,26 @@ def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling
     :func:`write_analysis` of the profile's study, or None (and a note) without one."""
     from lmrepro.pipeline.analysis import corpus_floors
 
+    from lmrepro.pipeline.headline import metrics_dir, study_items, write_headline
+
     study = params.scape.scaling
+    headline = metrics_dir(out_dir, "scaling")
     if study is None:
         atomic_write_json(Path(out_dir) / "scaling.json",
                           {"note": "no training-length study in this profile"})
+        write_headline(headline, {})
         return None
     floors = corpus_floors(params.data.prepared_dir, {params.scape.corpus})
-    return write_analysis(stage_dir, out_dir, params.stats,
-                          (study.verdict_size, study.verdict_steps), floors, params.scape.corpus,
-                          study.contrasts)
+    verdict = (study.verdict_size, study.verdict_steps)
+    result = write_analysis(stage_dir, out_dir, params.stats, verdict, floors,
+                            params.scape.corpus, study.contrasts)
+    contrasts = result["tables"]["contrasts"]
+    if len(contrasts):       # the mechanism contrasts, read as the gaps are
+        contrasts = contrasts.assign(size=verdict[0], steps=verdict[1],
+                                     verdict=contrasts["direction"])
+    write_headline(headline, {**study_items(result["tables"]["gaps"], verdict),
+                              **study_items(contrasts, verdict)})
+    return result
 
 
 README_SECTION = "readme_section.md"

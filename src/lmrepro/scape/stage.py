@@ -11,7 +11,7 @@ from lmrepro.data.batches import check_context
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
 from lmrepro.runlock import holds_writer_lock
-from lmrepro.results import prepare_runs_dir, seed_dir, write_stage_products
+from lmrepro.rundirs import prepare_runs_dir, seed_dir, write_stage_products
 from lmrepro.scape.config import ScapeRun, ScapeSuite
 from lmrepro.scape.launch import run_scape_suite
 from lmrepro.scape.sweep import apply_best, run_sweep

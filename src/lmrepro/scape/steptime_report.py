@@ -27,6 +27,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lmrepro.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from lmrepro.pipeline.headline import metrics_dir, prediction_items, write_headline
 from lmrepro.scape import steptime_paper as sp
 from lmrepro.scape.steptime import Cluster, Options, bandwidth_for_speedup, predict
 from lmrepro.scape.steptime_fit import calibrate
@@ -367,6 +368,8 @@ def steptime_stage(bench_dir: str | Path = BENCH_DIR, out_dir: str | Path = OUT_
                      ("scaling", tables["scaling"]), ("speedup_vs_bandwidth", curves)):
         atomic_write_text(out / f"{name}.csv", df.to_csv(index=False))
     save_png(fig, out / "speedup_vs_bandwidth.png")
+    write_headline(metrics_dir(out, "steptime"),
+                   prediction_items(_records(tables["headline"])))
     return {"calibration": cal, "calibration_note": calibration_note(cal), "tables": tables,
             "curves": curves, "figures": {"speedup_vs_bandwidth": fig}}
 

@@ -26,7 +26,8 @@ from typing import Any
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_json, atomic_write_text, read_json
 from lmrepro.model import ModelConfig
-from lmrepro.results import SUMMARY, prepare_runs_dir, read_summary
+from lmrepro.results import SUMMARY, read_summary
+from lmrepro.rundirs import prepare_runs_dir
 from lmrepro.scape.config import ScapeRun, ScapeSuite, ScapeSweep
 from lmrepro.scape.launch import run_scape_suite
 from lmrepro.sweep import select_best
@@ -85,7 +86,7 @@ def run_sweep(suite: ScapeSuite, model: ModelConfig, prepared_dir: str | Path,
               stage_dir: str | Path, identity: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the sweep of ``suite`` under torchrun and write its table; returns it.
     Without ``suite.sweep`` writes an empty table. ``identity``: what else the runs depend on
-    (model, data), for :func:`lmrepro.results.prepare_runs_dir`."""
+    (model, data), for :func:`lmrepro.rundirs.prepare_runs_dir`."""
     out_dir = Path(stage_dir) / SWEEP_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     if suite.sweep is None:

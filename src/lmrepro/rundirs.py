@@ -1,0 +1,174 @@
+"""A stage's run directories, kept by the identity that made them, and its DVC products.
+
+A folder of runs (a suite's ``results/<stage>/runs``, a sweep's, one point of a length study)
+stores the identity that made it (parameters and the prepared data's manifests) in
+``identity.json``. :func:`prepare_runs_dir` keeps it when the identity is unchanged. When it
+changed (another profile, an edited parameter) the folder is kept beside, under its identity,
+as ``<name>.kept-<key>`` (``key``: :func:`identity_key`), and a folder kept earlier under the new
+identity comes back into place: switching profile and back trains nothing again, and no run of
+one profile is ever reused for another. A folder whose identity cannot be read is moved to
+``<name>.stale-<UTC time>``. Nothing here deletes a run. Readers skip both kinds of folder
+(:func:`set_aside`).
+
+:func:`write_stage_products` writes a training stage's DVC products: per-run scalars
+(``metrics.json``) and the per-step data plots (``loss_curve.csv``, ``bytes_per_step.csv``) in
+long form, one row per run, seed and step, so that ``dvc plots show`` draws one line per run and
+seed (the ``runs`` template under ``.dvc/plots/``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from lmrepro.io import DamagedFileError, atomic_write_json, atomic_write_text, read_json
+from lmrepro.pipeline.headline import metrics_dir, training_items, write_headline
+from lmrepro.results import SUMMARY, read_run
+from lmrepro.runlock import WRITER_LOCK, check_no_other_writer
+
+log = logging.getLogger(__name__)
+
+IDENTITY = "identity.json"
+#: the name parts of folders set aside: kept under another identity, or of an unknown one
+KEPT, STALE = ".kept-", ".stale-"
+
+
+def identity_key(identity: Any) -> str:
+    """A short, stable key of an identity: the first 16 hex digits of the sha256 of its
+    canonical JSON."""
+    text = json.dumps(identity, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def set_aside(path: str | Path) -> bool:
+    """Whether ``path`` lies in a folder set aside by :func:`prepare_runs_dir`."""
+    return any(KEPT in part or STALE in part for part in Path(path).parts)
+
+
+def _utc_stamp() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _free_name(path: Path) -> Path:
+    n, candidate = 1, path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def _set_aside(runs_dir: Path, identity: Any) -> None:
+    """Move ``runs_dir`` beside itself: kept under its ``identity``, or stale when unknown."""
+    if identity is not None:
+        target = runs_dir.with_name(f"{runs_dir.name}{KEPT}{identity_key(identity)}")
+        if not target.exists():
+            runs_dir.rename(target)
+            log.info("%s was made by another configuration or data: kept as %s (it comes back "
+                     "when that configuration is run again)", runs_dir, target)
+            return
+    target = _free_name(runs_dir.with_name(f"{runs_dir.name}{STALE}{_utc_stamp()}"))
+    runs_dir.rename(target)
+    log.warning("%s was made by another or an unknown configuration: moved aside to %s",
+                runs_dir, target)
+
+
+def prepare_runs_dir(runs_dir: str | Path, identity: dict[str, Any]) -> Path:
+    """Make ``runs_dir`` the folder of ``identity``'s runs (see the module docstring): kept when
+    the same configuration and data made it; otherwise set aside under its own identity, and the
+    folder kept earlier for ``identity`` (if any) brought back. Call it after every check of the
+    configuration passed.
+
+    DVC keeps run directories (``persist: true``) so that an interrupted stage resumes; this
+    check is what makes that safe. Nothing is moved while any run below is being written by
+    another process (:class:`~lmrepro.runlock.RunDirectoryBusy`); the caller holds the stage's
+    own writer lock.
+    """
+    runs_dir = Path(runs_dir)
+    marker = runs_dir / IDENTITY
+    identity = json.loads(json.dumps(identity, sort_keys=True, default=str))
+    if runs_dir.exists():
+        check_no_other_writer(runs_dir)
+    if runs_dir.exists() and any(p.name != WRITER_LOCK for p in runs_dir.iterdir()):
+        have = _read_identity(marker) if marker.exists() else None
+        if have == identity:
+            return runs_dir
+        _set_aside(runs_dir, have)
+    kept = runs_dir.with_name(f"{runs_dir.name}{KEPT}{identity_key(identity)}")
+    if runs_dir.is_dir() and not any(runs_dir.iterdir()):
+        runs_dir.rmdir()
+    if not runs_dir.exists() and kept.is_dir() and _read_identity(kept / IDENTITY) == identity:
+        check_no_other_writer(kept)
+        kept.rename(runs_dir)
+        log.info("%s: the runs kept for this configuration are back in place", runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(marker, identity)
+    return runs_dir
+
+
+def seed_dir(seed: int) -> str:
+    """The folder of a stage's runs trained with ``seed``: ``runs/<corpus>/seed<N>/<run>`` (a
+    suite runs once per seed; the analysis pairs runs by the seed in their summaries)."""
+    return f"seed{seed}"
+
+
+def _read_identity(marker: Path) -> Any:
+    """The stored identity; a damaged or missing one is None (the folder goes stale)."""
+    try:
+        return read_json(marker)
+    except (DamagedFileError, UnicodeDecodeError, ValueError, OSError):
+        return None
+
+
+def collect_runs(runs_dir: str | Path) -> dict[str, Path]:
+    """Finished run directories at any depth under ``runs_dir`` (``<corpus>/seed<N>/<run>``),
+    labelled by their path below it, e.g. ``{"shakespeare/seed0/adamw": path}``, sorted; none
+    from a folder set aside."""
+    runs_dir = Path(runs_dir)
+    return {summary.parent.relative_to(runs_dir).as_posix(): summary.parent
+            for summary in sorted(runs_dir.rglob(SUMMARY))
+            if not set_aside(summary.relative_to(runs_dir))}
+
+
+METRIC_KEYS = ("final_bpb", "tokens_per_s", "mean_step_time_s", "peak_rss_bytes", "steps",
+               "tokens")
+#: the columns of the data plots (``run``: the run's name in its suite, the same for every seed)
+LOSS_COLUMNS = ["run", "corpus", "seed", "step", "loss"]
+BYTES_COLUMNS = ["run", "corpus", "seed", "step", "bytes_total"]
+
+
+def write_stage_products(stage_dir: str | Path, runs: dict[str, Path]) -> None:
+    """DVC metrics (``metrics.json``: scalars per run) and data plots in long form
+    (``loss_curve.csv``: the training loss in nats, and ``bytes_per_step.csv`` for runs that
+    communicate; columns :data:`LOSS_COLUMNS`, :data:`BYTES_COLUMNS`), and the stage's
+    headline metrics (``metrics/train_<stage>/``: :mod:`lmrepro.pipeline.headline`)."""
+    import csv
+    import io
+
+    metrics, summaries, losses, comm = {}, [], io.StringIO(), io.StringIO()
+    loss_rows = csv.writer(losses, lineterminator="\n")
+    loss_rows.writerow(LOSS_COLUMNS)
+    comm_rows = csv.writer(comm, lineterminator="\n")
+    comm_rows.writerow(BYTES_COLUMNS)
+    for label, run_dir in sorted(runs.items()):
+        run = read_run(run_dir)
+        summary = run["summary"]
+        summaries.append(summary)
+        key = [summary["name"], summary["corpus"], summary["seed"]]
+        metrics[label] = {k: summary[k] for k in METRIC_KEYS}
+        if summary.get("bytes_per_step"):
+            metrics[label]["bytes_per_step"] = summary["bytes_per_step"]["total"]
+        for rec in run["metrics"]:
+            if "loss" in rec:
+                loss_rows.writerow([*key, rec["step"], f"{rec['loss']:.6f}"])
+            if "bytes_total" in rec:
+                comm_rows.writerow([*key, rec["step"], rec["bytes_total"]])
+    stage_dir = Path(stage_dir)
+    write_headline(metrics_dir(stage_dir, f"train_{stage_dir.name}"), training_items(summaries))
+    atomic_write_json(stage_dir / "metrics.json", metrics)
+    atomic_write_text(stage_dir / "loss_curve.csv", losses.getvalue())
+    if any("bytes_per_step" in m for m in metrics.values()):
+        atomic_write_text(stage_dir / "bytes_per_step.csv", comm.getvalue())
