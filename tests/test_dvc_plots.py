@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from lmrepro.pipeline import dvcplots
-from lmrepro.rundirs import LOSS_COLUMNS
+from lmrepro.pipeline.stage_products import LOSS_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -21,13 +21,14 @@ from lmrepro.pipeline import claims as C
 from lmrepro.pipeline import headline as H
 from lmrepro.pipeline import pages as G
 from lmrepro.pipeline import publish as P
+from lmrepro.pipeline import sections as S
 from lmrepro.pipeline.records import read_analysis
 from lmrepro.pipeline.report import build_index
 from lmrepro.stats import StatsConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 STATS = StatsConfig(n_resamples=500)
-README = f"# x\n\n## Results\n\n{P.BEGIN}\nold text\n{P.END}\n\n## Explore\n\nmore\n"
+README = f"# x\n\n## Results\n\n{S.BEGIN}\nold text\n{S.END}\n\n## Explore\n\nmore\n"
 
 
 def finished_run(root: Path, profile: str = "reference") -> Path:
@@ -91,8 +92,8 @@ def test_publish_copies_the_small_products_and_writes_the_results_section(
     text = (root / "README.md").read_text()
     assert "old text" not in text and text.startswith("# x\n\n## Results\n\n")
     assert text.endswith("\n\n## Explore\n\nmore\n")
-    section = P.readme_section(root / "README.md")
-    assert section == P.results_section(dest, "published/reference")
+    section = S.readme_section(root / "README.md")
+    assert section == S.results_section(dest, "published/reference")
     claims = pd.read_csv(dest / "results/analysis/claims.csv", keep_default_na=False)
     rows = [line for line in section.splitlines() if line.startswith("| ")][2:]
     assert len(rows) == len(claims) and "published/reference/reports/index.html" in section
@@ -131,8 +132,8 @@ def test_the_readme_links_from_its_own_folder_when_the_run_is_elsewhere(tmp_path
     repo.mkdir()
     (repo / "README.md").write_text((root / "README.md").read_text())
     dest = P.publish(root, repo / "published" / "reference", readme=repo / "README.md")
-    section = P.readme_section(repo / "README.md")
-    assert section == P.results_section(dest, "published/reference")
+    section = S.readme_section(repo / "README.md")
+    assert section == S.results_section(dest, "published/reference")
     assert "](published/reference/reports/index.html)" in section and "../" not in section
 
 
@@ -215,7 +216,7 @@ def test_the_published_reference_claims_are_what_its_analysis_gives() -> None:
     page = (published / "README.md").read_text()
     table = pd.read_csv(published / "results/analysis/claims.csv", keep_default_na=False,
                         na_values=[""])
-    if P.stale_claims(table):
+    if S.stale_claims(table):
         # made under older claim rules: the page must say so (its verdicts are not what
         # today's rules give), and the next reference run replaces it
         assert "predates the current claim rules" in page
@@ -242,7 +243,7 @@ def test_the_section_says_how_long_the_stages_ran(tmp_path: Path) -> None:
                         {"file": "b.html", "duration_s": 1200.4},
                         {"file": "c.html", "duration_s": None}]}
     (pub / "reports/provenance.json").write_text(json.dumps(prov))
-    text = P.results_section(pub)
+    text = S.results_section(pub)
     assert "Its 2 rendered stages ran 30 minutes (1800 s) in total" in text
     assert "runs trained for" not in text
     # the runs' own training time counts even when the stages only reused finished runs
@@ -251,12 +252,12 @@ def test_the_section_says_how_long_the_stages_ran(tmp_path: Path) -> None:
         (pub / f"results/runs/r{i}/summary.json").write_text(json.dumps({"train_time_s": t}))
     prov["reports"] = [{"file": "c.html", "duration_s": 45.0}]
     (pub / "reports/provenance.json").write_text(json.dumps(prov))
-    text = P.results_section(pub)
+    text = S.results_section(pub)
     assert "Its 1 rendered stages ran 45 s in total" in text
     assert "Its 2 runs trained for 46 minutes (2760 s) in total by their own clocks" in text
     prov["reports"] = [{"file": "c.html", "duration_s": None}]
     (pub / "reports/provenance.json").write_text(json.dumps(prov))
-    assert "rendered stages ran" not in P.results_section(pub)
+    assert "rendered stages ran" not in S.results_section(pub)
 
 
 def test_a_study_gets_its_page_and_a_readme_holding_its_markers_its_section(
@@ -275,9 +276,9 @@ def test_a_study_gets_its_page_and_a_readme_holding_its_markers_its_section(
     page = G.write_page(pub).read_text()
     assert "Profile `horizon`, commit `bbbbbbbbbbbb`" in page and "2 cores of an AMD EPYC" in page
     assert "[./results/analysis/scaling/](x)" in page and "| 1 | 2 |" in page
-    begin, end = P.profile_markers("horizon")
+    begin, end = S.profile_markers("horizon")
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{begin}\nold\n{end}\n")
-    assert P.update_profile_section(readme, pub, "horizon", "published/horizon")
+    assert S.update_profile_section(readme, pub, "horizon", "published/horizon")
     text = readme.read_text()
     assert "old" not in text and "[published/horizon/results/analysis/scaling/](x)" in text

@@ -250,7 +250,7 @@ def test_a_tiny_study_runs_resumes_and_is_analysed(tmp_path: Path) -> None:
 
 def test_publishing_a_study_fills_its_readme_section(tmp_path: Path) -> None:
     from lmrepro.io import atomic_write_json
-    from lmrepro.pipeline import publish as P
+    from lmrepro.pipeline import sections as S
 
     pub = tmp_path / "published" / "scaling"
     (pub / "results/analysis/scaling").mkdir(parents=True)
@@ -259,14 +259,14 @@ def test_publishing_a_study_fills_its_readme_section(tmp_path: Path) -> None:
     atomic_write_json(pub / "reports/provenance.json",
                       {"git": {"commit": "abc", "dirty": False}, "generated_at": "now",
                        "machine": {"usable_cores": 2, "cpu_model": "CPU"}})
-    begin, end = P.profile_markers("scaling")
+    begin, end = S.profile_markers("scaling")
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{begin}\nold\n{end}\n\nrest\n")
-    assert P.update_profile_section(readme, pub, "scaling", "published/scaling")
+    assert S.update_profile_section(readme, pub, "scaling", "published/scaling")
     text = readme.read_text()
     assert "old" not in text and "(published/scaling/reports/x.html)" in text
     assert "commit `abc`" in text and text.endswith("rest\n")
-    assert not P.update_profile_section(readme, pub, "other", "x")
+    assert not S.update_profile_section(readme, pub, "other", "x")
 
 
 def test_the_gap_plot_legend_names_every_method_of_any_size() -> None:

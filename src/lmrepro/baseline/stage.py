@@ -12,7 +12,8 @@ from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
 from lmrepro.runlock import holds_writer_lock
 from lmrepro.results import SUMMARY, read_summary
-from lmrepro.rundirs import prepare_runs_dir, seed_dir, write_stage_products
+from lmrepro.pipeline.stage_products import write_stage_products
+from lmrepro.rundirs import prepare_runs_dir, seed_dir
 
 
 @holds_writer_lock("stage_dir")

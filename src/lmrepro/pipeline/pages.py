@@ -2,7 +2,7 @@
 
 * ``published/<profile>/README.md``: the run's results in full (:func:`page_text`): for the
   reference run, the claims table with the papers' figures beside ours, the scale and the caveats
-  (:func:`lmrepro.pipeline.publish.results_section`); for a study (``scaling``, ``rgc_scaling``,
+  (:func:`lmrepro.pipeline.sections.results_section`); for a study (``scaling``, ``rgc_scaling``,
   ``horizon``, ...), the section its analysis wrote (``results/analysis/*/readme_section.md``).
 * the README's verdicts block (between :data:`BEGIN` and :data:`END`): one short row per published
   run, its verdicts and a link to its page (:func:`verdicts_table`).
@@ -51,9 +51,9 @@ def made_text(published: Path) -> str:
 
 def page_text(published: str | os.PathLike, profile: str) -> str:
     """The page of the run published at ``published`` (links relative to its folder)."""
-    from lmrepro.pipeline.publish import BEGIN as RESULTS_BEGIN
-    from lmrepro.pipeline.publish import END as RESULTS_END
-    from lmrepro.pipeline.publish import results_section
+    from lmrepro.pipeline.sections import BEGIN as RESULTS_BEGIN
+    from lmrepro.pipeline.sections import END as RESULTS_END
+    from lmrepro.pipeline.sections import results_section
 
     published = Path(published)
     sections = sorted(published.glob("results/analysis/*/readme_section.md"))
@@ -202,7 +202,7 @@ def from_run(root: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
         elif (folder / note).is_file():
             out[stage] = {}
     if (results / "analysis" / "claims.csv").is_file():
-        from lmrepro.pipeline.publish import stale_claims
+        from lmrepro.pipeline.sections import stale_claims
 
         # the run's own claims table; with the comparisons' bounds when today's rules give the
         # same rows (a table made under older rules keeps its own verdicts and values)

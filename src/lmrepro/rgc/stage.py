@@ -12,7 +12,8 @@ from lmrepro.data.prepare import load_split
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.runlock import holds_writer_lock
 from lmrepro.results import SUMMARY, read_run
-from lmrepro.rundirs import prepare_runs_dir, seed_dir, write_stage_products
+from lmrepro.pipeline.stage_products import write_stage_products
+from lmrepro.rundirs import prepare_runs_dir, seed_dir
 from lmrepro.rgc.common import check_data
 from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor
 from lmrepro.rgc.runner import train

@@ -11,7 +11,8 @@ from lmrepro.data.batches import check_context
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
 from lmrepro.runlock import holds_writer_lock
-from lmrepro.rundirs import prepare_runs_dir, seed_dir, write_stage_products
+from lmrepro.pipeline.stage_products import write_stage_products
+from lmrepro.rundirs import prepare_runs_dir, seed_dir
 from lmrepro.scape.config import ScapeRun, ScapeSuite
 from lmrepro.scape.launch import run_scape_suite
 from lmrepro.scape.sweep import apply_best, run_sweep
