@@ -4,6 +4,7 @@ than its one-sided bounds."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,43 @@ def test_a_sentence_claims_the_gap_closed_only_for_a_difference() -> None:
     assert "larger than 2.0 % either way is ruled out" in tie
     # a baseline with no gap to close (gap_closed None) gets the direction alone
     assert sentence(_row(-0.02, -0.03, -0.01, gap_closed=None)).endswith("better.")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+PUB = ROOT / "published" / "mechanism"
+
+
+def test_the_published_contrasts_recompute_from_the_published_runs() -> None:
+    """Every row of published/mechanism's contrast table follows from its per-run files."""
+    import json
+
+    import pandas as pd
+
+    from lmrepro.pipeline.params import load_params
+    from lmrepro.scape.mechanism import contrast_table
+    from lmrepro.scape.scaling_report import study_runs
+    from lmrepro.stats import StatsConfig
+
+    stats = StatsConfig(**json.loads((PUB / "results" / "params.json").read_text())["stats"])
+    study = load_params(ROOT / "params.yaml", "mechanism").scape.scaling
+    runs = study_runs(PUB / "results" / "scaling")
+    got = contrast_table(runs, study.contrasts, study.verdict_size, study.verdict_steps, stats)
+    want = pd.read_csv(PUB / "results" / "analysis" / "scaling" / "contrasts.csv")
+    assert list(got.candidate) == list(want.candidate) and len(got) == 7
+    for col in ("mean", "lower", "upper", "candidate_gap_to_adams", "gap_closed"):
+        assert got[col].astype(float).tolist() == pytest.approx(want[col].tolist(),
+                                                                  rel=1e-9, nan_ok=True), col
+
+
+def test_the_docs_section_is_generated_from_the_published_study() -> None:
+    """docs/scape.md's mechanism section is what python -m lmrepro.scape.mechanism_review
+    writes from published/mechanism (and the runs it shares with published/scaling)."""
+    from lmrepro.scape.mechanism_review import BEGIN, END, section
+
+    doc = (ROOT / "docs" / "scape.md").read_text(encoding="utf-8")
+    in_doc = BEGIN + doc.split(BEGIN, 1)[1].split(END, 1)[0] + END
+    got = section(PUB, ROOT / "published" / "scaling")
+    got = got.replace(PUB.as_posix(), "published/mechanism").replace(
+        (ROOT / "published" / "scaling").as_posix(), "published/scaling")
+    assert got == in_doc
+    assert "| topk90 | scape90 |" in in_doc and "| adams | 0 |" in in_doc
