@@ -479,8 +479,8 @@ DISPLAY: dict[str, dict[str, str]] = {
                   "diverged": "diverged", "test_bpb": "candidate_test_bpb", "mean": "gap_mean",
                   "lower": "gap_lower", "upper": "gap_upper", "p_value": "p_noninferior",
                   "p_worse": "p_worse", "verdict": "verdict"},
+    # step_enter (the 0.447 identity) and step_stay stay in the CSV, not in the report
     "diagnostics": {"run": "run", "seeds": "seeds", "mask_kept": "mask_kept",
-                    "step_enter": "step_enter", "step_stay": "step_stay",
                     "reentry_gap": "reentry_gap", "residual_norm": "residual_norm",
                     "coverage_at_target": "coverage_at_target"},
 }
