@@ -217,7 +217,7 @@ def test_cli_flags_and_launch_helpers(tmp_path, monkeypatch):
     # the flags are generated from the configuration classes: a lossless round trip
     from lmrepro.config import from_arguments
     assert from_arguments(ScapeConfig, args) == cfg
-    assert from_arguments(ScapeRun, args, exclude=("lr",)) == run
+    assert from_arguments(ScapeRun, args, exclude=cli.RUN_OWN) == run     # they came as --lr, ...
     assert from_arguments(ModelConfig, args, prefix="model_") == model
     assert args.seed == 7 and args.resume is False and args.corpus_dir == "c"
     # one default for a setting, whichever way it is given: an unset sparsity is 0 for the

@@ -183,9 +183,12 @@ def from_run(root: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
     from lmrepro.pipeline.records import read_analysis
     from lmrepro.rundirs import collect_runs
 
+    from lmrepro.pipeline import registry
+
+    registry.load_wings()
     results = Path(root) / "results"
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for stage in ("baseline", "scape", "rgc"):
+    for stage in ("baseline", *registry.stages()):      # the suites the wings declare
         runs = collect_runs(results / stage / "runs")
         if runs:
             out[f"train_{stage}"] = training_items(read_json(p / "summary.json")
