@@ -76,3 +76,24 @@ def test_the_docs_section_is_generated_from_the_published_study() -> None:
         (ROOT / "published" / "scaling").as_posix(), "published/scaling")
     assert got == in_doc
     assert "| topk90 | scape90 |" in in_doc and "| adams | 0 |" in in_doc
+
+
+def test_no_claim_speaks_for_a_variant_of_its_method() -> None:
+    """The verdict point's records (what the claims read) leave out the runs that set a
+    mechanism knob; the mechanism profile has 9 runs there, 4 of them variants."""
+    import json
+
+    from lmrepro.pipeline.params import load_params
+    from lmrepro.scape.scaling_report import study_runs, variants, verdict_records
+    from lmrepro.stats import StatsConfig
+
+    study = load_params(ROOT / "params.yaml", "mechanism").scape.scaling
+    assert variants(study) == ["scape90_dense", "scape90_keepm", "scape99_keepm",
+                               "topk99_zerom"]
+    assert variants(load_params(ROOT / "params.yaml", "scaling").scape.scaling) == []
+    runs = study_runs(PUB / "results" / "scaling")
+    stats = StatsConfig(**json.loads((PUB / "results" / "params.json").read_text())["stats"])
+    named = json.dumps(verdict_records(runs, "2x64", 3000, stats, {}, variants(study))
+                       .model_dump(mode="json"))
+    assert "keepm" not in named and "zerom" not in named and "_dense" not in named
+    assert "topk90" in named and "scape90" in named

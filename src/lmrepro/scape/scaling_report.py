@@ -63,6 +63,13 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
+def variants(study: Any) -> list[str]:
+    """The study's runs that set a mechanism knob (the momentum off the mask, their own dense
+    steps): ablations of their method, which no claim about the method may speak for."""
+    return sorted({r.run_name for runs in study.runs.values() for r in runs
+                   if r.off_mask_momentum is not None or r.dense_steps is not None})
+
+
 RUN_COLUMNS = ["kind", "size", "steps", "seed", "run", "method", "sparsity", "lr", "val_bpb",
                "test_bpb", "diverged_at_step", "finished_at", "path"]
 
@@ -178,10 +185,13 @@ def diagnostics_table(runs: pd.DataFrame, size: str, steps: int) -> pd.DataFrame
 
 
 def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfig,
-                    floors: Mapping[str, Mapping[str, Any]]) -> Any:
+                    floors: Mapping[str, Mapping[str, Any]], leave_out: Sequence[str] = ()
+                    ) -> Any:
     """The verdict point as :class:`~lmrepro.pipeline.records.AnalysisRecords` (stage
-    ``scaling``), what the claims stage reads."""
-    point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)]
+    ``scaling``), what the claims stage reads: the methods as the paper runs them, not the
+    variants in ``leave_out`` (:func:`variants`)."""
+    point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)
+                 & ~runs.run.isin(list(leave_out))]
     named = {f"{size}/L{steps}/seed{r.seed}/{r.run}": r.path for r in point.itertuples()}
     outcomes = run_comparisons(named, stats=stats, floors=floors)
     return analysis_records(named, stage="scaling", stats=stats, outcomes=outcomes,
@@ -190,7 +200,8 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfi
 
 def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfig,
                    verdict: tuple[str, int], floors: Mapping[str, Mapping[str, Any]],
-                   corpus: str, contrasts: Sequence[Any] = ()) -> dict[str, Any]:
+                   corpus: str, contrasts: Sequence[Any] = (), leave_out: Sequence[str] = ()
+                   ) -> dict[str, Any]:
     """Every table of the study as CSV under ``out_dir``, ``analysis.json`` (the verdict point's
     records) and ``scaling.json`` (tables as records); returns the tables."""
     from lmrepro.scape import horizon, scaling_plots
@@ -218,7 +229,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
         atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
     point = runs[(runs.kind == "runs") & (runs["size"] == verdict[0])
                  & (runs.steps == verdict[1])]
-    records = verdict_records(runs, *verdict, stats, floors) if len(point) else None
+    records = verdict_records(runs, *verdict, stats, floors, leave_out) if len(point) else None
     if records is not None:
         records = with_multipliers(records, tables["final_multiplier"])
     if records is not None:      # the claims stage reads the verdict point, when it has runs
@@ -286,7 +297,7 @@ def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling
     floors = corpus_floors(params.data.prepared_dir, {params.scape.corpus})
     verdict = (study.verdict_size, study.verdict_steps)
     result = write_analysis(stage_dir, out_dir, params.stats, verdict, floors,
-                            params.scape.corpus, study.contrasts)
+                            params.scape.corpus, study.contrasts, variants(study))
     contrasts = result["tables"]["contrasts"]
     if len(contrasts):       # the mechanism contrasts, read as the gaps are
         contrasts = contrasts.assign(size=verdict[0], steps=verdict[1],
