@@ -131,8 +131,13 @@ def claim_items(table: Any) -> dict[str, dict[str, Any]]:
         value = row["measured_value"]
         out[name] = ({"gap %": _percent(value), "lo %": _percent(row.get("lower")),
                       "up %": _percent(upper)} if bounded else {"value": _number(value, 3)})
-        out[name]["verdict"] = str(row["verdict"])
+        out[name]["verdict"] = SHORT_VERDICTS.get(str(row["verdict"]), str(row["verdict"]))
     return out
+
+
+#: the verdicts too long for a 120-column `dvc metrics show`, as the headline writes them
+SHORT_VERDICTS = {"reproduced in direction only": "reproduced (direction)",
+                  "consistent with the authors' logs": "consistent (authors' logs)"}
 
 
 def study_items(gaps: Any, verdict: tuple[str, int]) -> dict[str, dict[str, Any]]:
