@@ -84,7 +84,8 @@ def test_no_claim_speaks_for_a_variant_of_its_method() -> None:
     import json
 
     from lmrepro.pipeline.params import load_params
-    from lmrepro.scape.scaling_report import study_runs, variants, verdict_records
+    from lmrepro.scape.mechanism import variants
+    from lmrepro.scape.scaling_report import study_runs, verdict_records
     from lmrepro.stats import StatsConfig
 
     study = load_params(ROOT / "params.yaml", "mechanism").scape.scaling

@@ -40,6 +40,13 @@ DIAGNOSTICS = ("recent_coverage", "off_mask_mass")
 DENSE_REFERENCE = "adams"
 
 
+def variants(study: Any) -> list[str]:
+    """The study's runs that set a mechanism knob (the momentum off the mask, their own dense
+    steps): ablations of their method, which no claim about the method may speak for."""
+    return sorted({r.run_name for runs in study.runs.values() for r in runs
+                   if r.off_mask_momentum is not None or r.dense_steps is not None})
+
+
 def contrast_table(runs: pd.DataFrame, contrasts: Sequence[Any], size: str, steps: int,
                    stats: StatsConfig) -> pd.DataFrame:
     """One row per contrast at the point ``(size, steps)``: the candidate against its baseline

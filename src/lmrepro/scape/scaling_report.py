@@ -63,13 +63,6 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
-def variants(study: Any) -> list[str]:
-    """The study's runs that set a mechanism knob (the momentum off the mask, their own dense
-    steps): ablations of their method, which no claim about the method may speak for."""
-    return sorted({r.run_name for runs in study.runs.values() for r in runs
-                   if r.off_mask_momentum is not None or r.dense_steps is not None})
-
-
 RUN_COLUMNS = ["kind", "size", "steps", "seed", "run", "method", "sparsity", "lr", "val_bpb",
                "test_bpb", "diverged_at_step", "finished_at", "path"]
 
@@ -189,7 +182,7 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfi
                     ) -> Any:
     """The verdict point as :class:`~lmrepro.pipeline.records.AnalysisRecords` (stage
     ``scaling``), what the claims stage reads: the methods as the paper runs them, not the
-    variants in ``leave_out`` (:func:`variants`)."""
+    variants in ``leave_out`` (:func:`lmrepro.scape.mechanism.variants`)."""
     point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)
                  & ~runs.run.isin(list(leave_out))]
     named = {f"{size}/L{steps}/seed{r.seed}/{r.run}": r.path for r in point.itertuples()}
@@ -297,7 +290,7 @@ def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling
     floors = corpus_floors(params.data.prepared_dir, {params.scape.corpus})
     verdict = (study.verdict_size, study.verdict_steps)
     result = write_analysis(stage_dir, out_dir, params.stats, verdict, floors,
-                            params.scape.corpus, study.contrasts, variants(study))
+                            params.scape.corpus, study.contrasts, mechanism.variants(study))
     contrasts = result["tables"]["contrasts"]
     if len(contrasts):       # the mechanism contrasts, read as the gaps are
         contrasts = contrasts.assign(size=verdict[0], steps=verdict[1],
