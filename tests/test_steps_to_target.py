@@ -165,3 +165,34 @@ def test_a_final_loss_is_placed_on_the_baselines_constant_lr_curve_as_a_lower_bo
     finals[2] = (6400, 0.1)
     got = final_loss_multiplier(base, finals)
     assert got["seeds"] == 2 and got["unreached"] == 1
+
+
+def test_the_claims_show_the_final_loss_multiplier_beside_the_gap():
+    """The 12 000-step study's SCAPE-vs-AdamS records carry their steps-to-target multiplier
+    into the claims' measured text (issue 27, item 5); other baselines carry none."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from lmrepro.pipeline.claims import ni_text
+    from lmrepro.pipeline.records import AnalysisRecords
+    from lmrepro.scape.scaling_report import with_multipliers
+
+    pub = Path(__file__).resolve().parents[1] / "published" / "horizon" / "results" / \
+        "analysis" / "scaling"
+    records = AnalysisRecords.model_validate_json((pub / "analysis.json").read_text())
+    ends = pd.read_csv(pub / "final_multiplier.csv")
+    got = with_multipliers(records, ends)
+    seen = 0
+    for c in got.comparisons:
+        name = c.candidate_runs[0].rsplit("/", 1)[-1]
+        row = ends[ends.candidate == name]
+        if c.baseline_method != "adams" or row.empty:
+            assert c.steps_to_target is None
+            continue
+        r = row.iloc[0]
+        want = "none" if r.seeds == 0 else f">= {r.multiplier:.2f}x"
+        assert c.steps_to_target.startswith(want)
+        assert f"steps to target: {want}" in ni_text(c)
+        seen += 1
+    assert seen >= 2

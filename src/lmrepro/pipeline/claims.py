@@ -224,7 +224,8 @@ def registry() -> tuple[Claim, ...]:
 def ni_text(c: ComparisonRecord) -> str:
     """A non-inferiority result in words: mean d with the verdict's bounds [L, U] and their
     level, the sign-flip p-value, the other level's bound, margin, verdict, split, seeds and
-    pairs, and the baseline against the trigram floor."""
+    pairs, and the baseline against the trigram floor; a steps-to-target multiplier beside the
+    gap where the record has one."""
     if c.mean_rel_diff is None or c.upper_bound is None:
         return f"diverged ({c.note}); {c.n_pairs} pairs"
     other = ""
@@ -239,9 +240,10 @@ def ni_text(c: ComparisonRecord) -> str:
     if c.baseline_bpb is not None and c.floor_bpb is not None:
         floor = (f"; baseline {c.baseline_bpb:.3f} bits/byte vs trigram floor "
                  f"{c.floor_bpb:.3f}")
+    steps = "" if c.steps_to_target is None else f"; steps to target: {c.steps_to_target}"
     return (f"mean d {c.mean_rel_diff * 100:+.3g} %, {lower}U {c.upper_bound * 100:+.3g} % "
-            f"({c.level} level{other}{p}; margin {c.margin:.1%}): {c.verdict}; {c.split} split, "
-            f"{seeds}, {c.n_pairs} pairs{floor}")
+            f"({c.level} level{other}{p}; margin {c.margin:.1%}): {c.verdict}{steps}; "
+            f"{c.split} split, {seeds}, {c.n_pairs} pairs{floor}")
 
 
 def ni_value(c: ComparisonRecord) -> float:

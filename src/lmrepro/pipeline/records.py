@@ -100,6 +100,9 @@ class ComparisonRecord(_Record):
     baseline_bpb: float | None = None        # the baseline runs' mean final bpb on ``split``
     floor_bpb: float | None = None           # the corpus's trigram floor on ``split``
     testable: bool = True                    # baseline_bpb <= (1 - 10 %) floor_bpb
+    # how many times the baseline's steps the candidate needs for its final loss, in words
+    # (a length study's steps-to-target measure), where the stage that made the record has one
+    steps_to_target: str | None = None
 
 
 class ResourceRecord(_Record):

@@ -189,5 +189,13 @@ def final_text(r: Any) -> str:
             f"seeds{missing}).")
 
 
+def final_short(r: Any) -> str:
+    """One row of ``final_multiplier`` in a few words, for the claims' measured text."""
+    if not r.seeds:
+        return "none (the final loss is below dense AdamS's whole constant-lr curve)"
+    return (f">= {r.multiplier:.2f}x [{_num(r.lower)}, {_num(r.upper)}] dense AdamS's steps "
+            f"for the same loss ({r.seeds} seeds)")
+
+
 def _num(x: Any) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.2f}"

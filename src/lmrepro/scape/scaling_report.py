@@ -248,8 +248,9 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
 def with_multipliers(records: Any, ends: pd.DataFrame) -> Any:
     """The verdict point's records with each sparse run's steps-to-target multiplier for its
     final loss against dense AdamS (``final_multiplier`` of
-    :func:`lmrepro.scape.horizon.multiplier_tables`) added to the caveats of its comparison
-    with AdamS, so the claims show it beside the gap."""
+    :func:`lmrepro.scape.horizon.multiplier_tables`) on its comparison with AdamS: in a few
+    words beside the gap (``steps_to_target``, the claims' measured text), in full among the
+    caveats."""
     from lmrepro.scape import horizon
 
     if not len(ends):
@@ -263,7 +264,8 @@ def with_multipliers(records: Any, ends: pd.DataFrame) -> Any:
             out.append(c)
             continue
         text = "steps to target: " + horizon.final_text(r)
-        out.append(c.model_copy(update={"caveats": [*c.caveats, text]}))
+        out.append(c.model_copy(update={"caveats": [*c.caveats, text],
+                                        "steps_to_target": horizon.final_short(r)}))
     return records.model_copy(update={"comparisons": out})
 
 
