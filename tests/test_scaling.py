@@ -141,6 +141,24 @@ def test_a_runs_own_dense_steps_and_momentum_rule_reach_its_worker() -> None:
             run.off_mask_momentum, name
 
 
+def test_an_unset_knob_leaves_the_identity_of_runs_made_before_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's knob left unset (None: the method's own behaviour) is not in its point's
+    identity, so a knob added later keeps the runs made before it; a set knob is."""
+    from lmrepro.scape.config import ScalingStudy, ScapeConfig, ScapeRun
+    from lmrepro.scape import scaling
+
+    monkeypatch.setattr(scaling, "data_identity", lambda *a: {})
+    study = scaling.Study(ScalingStudy(**_mechanism_raw()), ScapeConfig(steps=10),
+                          "shakespeare", 2, tmp_path, tmp_path)
+    plain = ScapeRun(name="scape90", optimizer="scape", sparsity=0.9, lr=0.004)
+    keepm = plain.replace(off_mask_momentum="decay")
+    got = study._identity("2x64", [plain, keepm], ScapeConfig(steps=10))["runs"]
+    assert got[0] == {"name": "scape90", "optimizer": "scape", "sparsity": 0.9, "lr": 0.004,
+                      "mask_rule": "ef_momentum", "topk_inner": "adams", "decay_scope": "all"}
+    assert got[1]["off_mask_momentum"] == "decay" and "dense_steps" not in got[1]
+
+
 def test_warm_ups_scale_with_the_run() -> None:
     from lmrepro.scape.config import ScapeConfig
     from lmrepro.scape.scaling import scaled_settings

@@ -191,8 +191,11 @@ class Study:
 
     def _identity(self, size: str, runs: list[ScapeRun], settings: ScapeConfig,
                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        # a knob left unset trains as before the knob existed: leaving it out keeps the runs
+        # made before it
         return {"model": self.study.sizes[size].to_dict(), "settings": settings.to_dict(),
-                "runs": [r.to_dict() for r in runs], "world_size": self.world,
+                "runs": [{k: v for k, v in r.to_dict().items() if v is not None}
+                         for r in runs], "world_size": self.world,
                 "corpus": self.corpus, "data": self.data, **(extra or {})}
 
     def runs_of(self, size: str, best: dict[str, float]) -> list[ScapeRun]:
