@@ -33,6 +33,8 @@ VERDICT_MEANINGS = {
 }
 #: how the claims table joins a row's caveats (:data:`lmrepro.pipeline.claims.CAVEAT_SEPARATOR`)
 CAVEAT_SEPARATOR = "; "
+#: how a measured text introduces a steps-to-target multiplier (pipeline.claims.ni_text)
+STEPS_TO_TARGET = "steps to target:"
 
 #: how long our figure may be in the table before its parenthetical details move to the note
 BRIEF_CHARS = 90
@@ -58,9 +60,13 @@ def _without_parentheses(text: str) -> str:
 def brief(measured: str) -> str:
     """Our figure in brief: without its parenthesised details, up to its first ``;``
     (``mean d +4.68 %, L +4.26 %, U +5.1 % (seed level; ...): worse; test split, ...`` ->
-    ``mean d +4.68 %, L +4.26 %, U +5.1 %: worse``)."""
+    ``mean d +4.68 %, L +4.26 %, U +5.1 %: worse``), and a steps-to-target multiplier where the
+    figure has one."""
     text = str(measured or "")
-    short = _without_parentheses(text).split("; ", 1)[0]
+    parts = _without_parentheses(text).split("; ")
+    short = parts[0]
+    # a length study's steps-to-target multiplier stays beside the gap
+    short += "".join(f"; {p}" for p in parts[1:] if p.startswith(STEPS_TO_TARGET))
     return short if short else text[:BRIEF_CHARS]
 
 
