@@ -152,6 +152,42 @@ def test_the_pool_trains_runs_two_at_a_time_with_the_same_results(prepared: Path
             json.loads((two[k] / "eval_losses_test.json").read_text())
 
 
+def test_a_published_study_is_put_back_without_training(prepared: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """--restore-from: every run comes back from a published copy (only the files a
+    publication keeps), nothing is trained, and the analysis reads the same losses; a run
+    the publication lacks stops it with a one-line error naming the flag."""
+    import shutil
+
+    from lmrepro.errors import ParameterError
+    from lmrepro.rgc import scaling
+    from lmrepro.rgc.scaling import run_study
+
+    suite = _suite(sweep_factors=[], lengths={"a": [3]})
+    made = run_study(suite, prepared, tmp_path / "st")
+    published = tmp_path / "published"
+    for f in (tmp_path / "st").rglob("*"):
+        if f.name in ("summary.json", "eval_losses.json", "eval_losses_test.json"):
+            (published / f.relative_to(tmp_path / "st")).parent.mkdir(parents=True,
+                                                                       exist_ok=True)
+            shutil.copy(f, published / f.relative_to(tmp_path / "st"))
+
+    def no_training(job: object) -> None:
+        raise AssertionError("a restored study trains nothing")
+
+    monkeypatch.setattr(scaling, "train_job", no_training)
+    back = run_study(suite, prepared, tmp_path / "back", restore_from=published)
+    assert sorted(back) == sorted(made)
+    for k in made:
+        assert read_summary(back[k]).final_bpb == read_summary(made[k]).final_bpb
+        assert (back[k] / "eval_losses_test.json").read_bytes() == \
+            (made[k] / "eval_losses_test.json").read_bytes()
+    shutil.rmtree(published / "runs" / "a" / "L3" / "backprop" / "seed1")
+    with pytest.raises(ParameterError, match="--restore-from"):
+        run_study(suite, prepared, tmp_path / "again", restore_from=published)
+
+
 def test_a_profile_without_a_study_writes_a_plan_saying_so(prepared: Path, tmp_path: Path
                                                           ) -> None:
     from lmrepro.rgc.scaling import scaling_stage

@@ -17,9 +17,11 @@ import datetime
 import hashlib
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
+from lmrepro.errors import check
 from lmrepro.io import DamagedFileError, atomic_write_json, read_json
 from lmrepro.results import SUMMARY
 from lmrepro.runlock import WRITER_LOCK, check_no_other_writer
@@ -125,3 +127,19 @@ def collect_runs(runs_dir: str | Path) -> dict[str, Path]:
     return {summary.parent.relative_to(runs_dir).as_posix(): summary.parent
             for summary in sorted(runs_dir.rglob(SUMMARY))
             if not set_aside(summary.relative_to(runs_dir))}
+
+
+def restore_run(run_dir: str | Path, stage: str | Path, published_stage: str | Path) -> bool:
+    """Put back the published run at ``run_dir``'s place below ``published_stage`` (a
+    published study's stage folder: its runs' summaries and per-batch losses) when ``run_dir``
+    (below ``stage``) has not finished; whether it copied. A finished run is left as it is."""
+    run_dir = Path(run_dir)
+    if (run_dir / SUMMARY).exists():
+        return False
+    src = Path(published_stage) / run_dir.relative_to(stage)
+    check((src / SUMMARY).is_file(), "--restore-from", str(published_stage),
+          f"must hold every run of the study; {src} has no {SUMMARY}")
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    shutil.copytree(src, run_dir)
+    return True

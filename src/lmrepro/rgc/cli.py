@@ -93,7 +93,7 @@ def run_scaling(args: argparse.Namespace) -> int:
     check(params.rgc.scaling is not None, "rgc.scaling", None,
           f"must be set in the profile to run the study (profile {params.profile!r} has none; "
           "try --profile rgc_scaling)")
-    dirs = run_study(params.rgc, params.data.prepared_dir, args.out)
+    dirs = run_study(params.rgc, params.data.prepared_dir, args.out, args.restore_from)
     print(f"RGC training-length study: {len(dirs)} runs finished under {args.out}")
     return 0
 
@@ -110,6 +110,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--params", default="params.yaml", help="parameter file")
     p.add_argument("--profile", default=None, help="profile in params.yaml (e.g. rgc_scaling)")
     p.add_argument("--out", default="results/rgc_scaling", help="the study's stage directory")
+    p.add_argument("--restore-from", default=None, metavar="DIR",
+                   help="put the runs back from a published study instead of training them "
+                   "(e.g. published/rgc_scaling/results/rgc_scaling; docs/rgc.md)")
     p.set_defaults(func=run_scaling)
 
 

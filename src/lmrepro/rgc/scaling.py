@@ -42,7 +42,7 @@ from lmrepro.data.stage import data_identity
 from lmrepro.io import atomic_write_json, read_json
 from lmrepro.model import ModelConfig
 from lmrepro.results import SUMMARY, read_summary
-from lmrepro.rundirs import prepare_runs_dir, seed_dir
+from lmrepro.rundirs import prepare_runs_dir, restore_run, seed_dir
 from lmrepro.rgc.config import RGCConfig, RGCScaling, RGCStudyRun, RGCSuite
 from lmrepro.runlock import holds_writer_lock
 from lmrepro.sweep import beyond_edge, edge_row, on_edge, select_best
@@ -105,11 +105,14 @@ class Study:
     """Runs the study under ``stage_dir`` (see the module docstring)."""
 
     def __init__(self, study: RGCScaling, base: RGCConfig, corpus: str,
-                 prepared_dir: str | Path, stage_dir: str | Path) -> None:
+                 prepared_dir: str | Path, stage_dir: str | Path,
+                 restore_from: str | Path | None = None) -> None:
         self.study, self.base, self.corpus = study, base, corpus
         self.corpus_dir = Path(prepared_dir) / corpus
         self.data = data_identity(prepared_dir, corpus)
         self.stage = Path(stage_dir)
+        # a published study's stage folder: its runs are put back instead of trained
+        self.restore_from = None if restore_from is None else Path(restore_from)
 
     def jobs(self, kind: str, size: str, steps: int, runs: list[RGCStudyRun],
              seeds: list[int]) -> list[Job]:
@@ -129,6 +132,12 @@ class Study:
     def execute(self, jobs: list[Job]) -> list[Path]:
         """Train ``jobs``, ``parallel`` at a time (in their order); the finished directories."""
         todo = [j for j in jobs if not (j.run_dir / SUMMARY).exists()]
+        if self.restore_from is not None:
+            for j in todo:
+                restore_run(j.run_dir, self.stage, self.restore_from)
+            log.info("RGC study: %d of %d runs put back from %s", len(todo), len(jobs),
+                     self.restore_from)
+            return [j.run_dir for j in jobs]
         log.info("RGC study: %d of %d runs to train, %d at a time", len(todo), len(jobs),
                  self.study.parallel)
         if todo and self.study.parallel > 1:
@@ -219,12 +228,16 @@ class Study:
 
 @holds_writer_lock("stage_dir")
 def run_study(suite: RGCSuite, prepared_dir: str | Path,
-              stage_dir: str | Path = "results/rgc_scaling") -> dict[str, Path]:
+              stage_dir: str | Path = "results/rgc_scaling",
+              restore_from: str | Path | None = None) -> dict[str, Path]:
     """Run or resume ``suite.scaling`` on the section's first corpus; returns every finished
-    run directory by its path below ``runs/``."""
+    run directory by its path below ``runs/``. With ``restore_from`` (a published study's stage
+    folder) the runs not finished here are put back from it, none trained: sound where the
+    current code trains them bit-identically on this CPU model (docs/rgc.md)."""
     assert suite.scaling is not None
     Path(stage_dir).mkdir(parents=True, exist_ok=True)
-    return Study(suite.scaling, suite.config, suite.corpora[0], prepared_dir, stage_dir).run()
+    return Study(suite.scaling, suite.config, suite.corpora[0], prepared_dir, stage_dir,
+                 restore_from).run()
 
 
 def scaling_stage(suite: RGCSuite, prepared_dir: str | Path,
