@@ -62,7 +62,7 @@ class PhasedSampler(MemorySampler):
     def phase_peak(self, *names: str) -> Memory | None:
         """The largest of each kind over the phases ``names`` (None: none was sampled)."""
         got = [self.phase_peaks[n] for n in names if n in self.phase_peaks]
-        out = None
+        out: Memory | None = None
         for m in got:
             out = m if out is None else out.peak(m)
         return out

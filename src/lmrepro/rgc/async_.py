@@ -191,6 +191,7 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
             assert template is not None
             return finish(cfg, spec, run, template, val_data, end)
         before_workers = run.sampler.sample()
+        assert template is not None
         starts = [state_to_bytes(worker_start(cfg, w, template, ckpt[0] if ckpt else None))
                   for w in range(cfg.n_workers)]
         ckpt.clear()

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from lmrepro.results import read_run
-from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.common import check_data
+from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
 from lmrepro.rgc.wire import MappedBytes, by_reference, received
 
 
@@ -59,6 +60,13 @@ def train_in_fresh_process(config: RGCConfig, executor: str, train_data: np.ndar
     returns the run's summary (read from ``run_dir``). A failure in the child is raised here:
     the child's exception where it can be rebuilt, else a ``RuntimeError`` with its
     traceback."""
+    # bad input is refused here, as train() would refuse it, before a process starts
+    check_executor(executor)
+    check_data("train_data", train_data, config.model.context)
+    check_data("val_data", val_data, config.model.context)
+    if test_data is not None:
+        check_data("test_data", test_data, config.model.context)
+    check_threads(config, executor)
     ctx = mp.get_context("spawn")
     report = ctx.SimpleQueue()
     cfg = {n: getattr(config, n) for n in RGCConfig.model_fields}
