@@ -360,7 +360,7 @@ class MemorySampler:
 
     def _record_full(self, mem: Memory, approx: bool, counted: int) -> None:
         self.max_processes = max(self.max_processes, counted)
-        self.peak = self.peak.peak(mem)
+        self._note(mem)
         self.approximate = self.approximate or approx
         self.samples += 1
         self.full_samples += 1
@@ -389,8 +389,12 @@ class MemorySampler:
             return
         with self._lock:
             self.max_processes = max(self.max_processes, counted)
-            self.peak = Memory(max(self.peak.rss, rss), self.peak.pss, self.peak.uss)
+            self._note(Memory(rss, 0, 0))     # RSS only: PSS and USS keep their peaks
             self.samples += 1
+
+    def _note(self, mem: Memory) -> None:
+        """Keep the peaks of a sample (called under the lock; a subclass keeps more)."""
+        self.peak = self.peak.peak(mem)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

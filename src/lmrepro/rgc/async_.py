@@ -58,11 +58,13 @@ from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
 from lmrepro.harness import Run
 from lmrepro.lifetime import fault_spec
-from lmrepro.memory import Memory, MemorySampler
+from lmrepro.memory import Memory
+from lmrepro.memory_phases import END, TRAINING, START
 from lmrepro.model import ByteTransformer
 from lmrepro.results import drop_unpublished, load_part
 from lmrepro.rgc.common import (RunSpec, TrainResult, build_model, checkpoint_state, evaluate,
-                                finish, harness, state_from_bytes, state_to_bytes)
+                                finish, harness, in_evaluation, run_sampler, set_phase,
+                                state_from_bytes, state_to_bytes)
 from lmrepro.rgc import events as events_mod
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.wire import (POLL_S, Failed, Finished, Message, PartSaved, Ready, Started,
@@ -165,8 +167,13 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
                 kind: str = "rgc") -> TrainResult:
     """Run the async executor; see :func:`lmrepro.rgc.train`. The stage workers' fault points
     (tests only) are :data:`lmrepro.rgc.common.FAULT_POINT`. ``kind="pipelined_backprop"``:
-    the same workers train global backprop (:mod:`lmrepro.rgc.pipelined`)."""
-    template = build_model(cfg, spec.seed)
+    the same workers train global backprop (:mod:`lmrepro.rgc.pipelined`).
+
+    Memory (docs/rgc.md, "Memory"): the parent's model (built from the seed or the checkpoint)
+    and the start states exist in the start-up phase only; while the workers train the parent
+    holds no model (an evaluation rebuilds one, in the evaluation phase), and the final
+    hand-over is the end-of-run phase."""
+    template: ByteTransformer | None = build_model(cfg, spec.seed)
     ckpt: list[dict[str, Any]] = []
 
     def restore(ck: dict[str, Any]) -> None:
@@ -174,20 +181,25 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
             assert spec.out_dir is not None
             ck = {**_assemble(cfg, {w: load_part(spec.out_dir, int(ck["step"]), w)
                                     for w in range(int(ck["parts"]))}), "step": ck["step"]}
+        assert template is not None
         template.load_state_dict(ck["model"])
         ckpt.append(ck)
 
-    with harness(cfg, spec, MemorySampler()) as run:
+    with harness(cfg, spec, run_sampler(START)) as run:
         end = spec.end(cfg, run.resume(restore))
         if end == run.start:
+            assert template is not None
             return finish(cfg, spec, run, template, val_data, end)
         before_workers = run.sampler.sample()
+        assert template is not None
         starts = [state_to_bytes(worker_start(cfg, w, template, ckpt[0] if ckpt else None))
                   for w in range(cfg.n_workers)]
         ckpt.clear()
+        template = None          # the evaluation copy: rebuilt when an evaluation needs it
         pipe = _start_workers(cfg, spec, starts, end, train_data, kind)
         del starts
-        parent = _Parent(cfg, run, pipe, template, val_data, end, before_workers)
+        set_phase(run, TRAINING)
+        parent = _Parent(cfg, run, pipe, spec.seed, val_data, end, before_workers)
         try:
             parent.collect()
         except BaseException:
@@ -207,7 +219,7 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
         events = events_mod.collect(parent.events)
         if spec.out_dir is not None:
             events_mod.write(spec.out_dir, events, run.start)
-        result = finish(cfg, spec, run, template, val_data, end, parent.runtimes)
+        result = finish(cfg, spec, run, parent.model(), val_data, end, parent.runtimes)
         result.events = events
         return result
 
@@ -224,10 +236,13 @@ class _Parent:
     cfg: RGCConfig
     run: Run
     pipe: _Pipeline
-    template: ByteTransformer
+    seed: int
     val_data: np.ndarray
     end: int
     before_workers: Memory
+    #: the evaluation copy: built when an evaluation or the end needs it, dropped after an
+    #: evaluation between steps (its memory is the evaluation phase's, not training's)
+    template: ByteTransformer | None = None
     runtimes: Memory = field(default_factory=Memory)
     final: dict[int, dict] | int | None = None   # the last state: its parts, or their step
     counts: dict[type, int] = field(default_factory=dict)
@@ -311,18 +326,27 @@ class _Parent:
             "worker_wait_s": [r.wait_s for r in workers],
             "worker_consensus_s": [r.consensus_s for r in workers]})
         self.last_t = now
+        if step + 1 == self.end:      # the last step: what follows is the hand-over
+            set_phase(self.run, END)
+
+    def model(self) -> ByteTransformer:
+        """The parent's model (the evaluation copy), built from the seed when it has none; its
+        weights are loaded by the caller."""
+        if self.template is None:
+            self.template = build_model(self.cfg, self.seed)
+        return self.template
 
     def load_weights(self, parts: dict[int, dict] | int) -> None:
         """The template model's weights from the workers' parts: sent (a dict), or saved after
         step ``parts`` (read one part at a time, so the parent never holds them all)."""
+        model = self.model()
         if isinstance(parts, dict):
-            self.template.load_state_dict(_assemble(self.cfg, parts)["model"])
+            model.load_state_dict(_assemble(self.cfg, parts)["model"])
             return
         assert self.run.out_dir is not None
         for w in range(self.cfg.n_workers):
             part = load_part(self.run.out_dir, parts, w)
-            self.template.load_state_dict({**part["params"], **part.get("decoder", {})},
-                                          strict=False)
+            model.load_state_dict({**part["params"], **part.get("decoder", {})}, strict=False)
             del part
 
     def _on_parts(self, done: int) -> None:
@@ -330,9 +354,12 @@ class _Parent:
         checkpoint's own file names its parts)."""
         def evaluate_state() -> float:
             self.load_weights(done)
-            return bits_per_byte(evaluate(self.template, self.val_data, self.cfg))
+            bpb = bits_per_byte(evaluate(self.model(), self.val_data, self.cfg))
+            self.template = None
+            return bpb
 
-        self.run.after_step(done, lambda: {"parts": self.cfg.n_workers}, evaluate_state)
+        self.run.after_step(done, lambda: {"parts": self.cfg.n_workers},
+                            in_evaluation(self.run.sampler, evaluate_state))
         if done == self.end:      # after the training clock: the hand-over's own time
             self.run.checkpoint_time_s += self.save_s.pop(done, 0.0)
             self.final = done
@@ -342,10 +369,12 @@ class _Parent:
         state = _assemble(self.cfg, parts)
 
         def evaluate_state() -> float:
-            self.template.load_state_dict(state["model"])
-            return bits_per_byte(evaluate(self.template, self.val_data, self.cfg))
+            self.model().load_state_dict(state["model"])
+            bpb = bits_per_byte(evaluate(self.model(), self.val_data, self.cfg))
+            self.template = None
+            return bpb
 
-        self.run.after_step(done, lambda: state, evaluate_state)
+        self.run.after_step(done, lambda: state, in_evaluation(self.run.sampler, evaluate_state))
         if done == self.end:
             self.final = parts
 

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 
 from lmrepro.backprop import BackpropSpec, train_backprop
-from lmrepro.memory import MemorySampler
 from lmrepro.rgc.common import (RunSpec, TrainResult, batch_generator, build_model, evaluate,
-                                finish, harness, make_adamw)
+                                finish, harness, in_evaluation, make_adamw, run_sampler)
 from lmrepro.rgc.config import RGCConfig
 
 
@@ -27,15 +26,17 @@ def train_backprop_executor(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarra
                             val_data: np.ndarray) -> TrainResult:
     """Run the ``backprop`` executor; see :func:`lmrepro.rgc.train`."""
     model = build_model(cfg, spec.seed)
+    sampler = run_sampler()
 
     def record(loss: float) -> dict[str, Any]:
         # the RGC executors' record: one local loss per stage; global backprop has one readout
         return {"loss": loss, "stage_losses": [loss]}
 
-    return train_backprop(harness(cfg, spec, MemorySampler()), BackpropSpec(
+    return train_backprop(harness(cfg, spec, sampler), BackpropSpec(
         model=model, optimizer=make_adamw(model, model.parameters(), cfg),
         generator=batch_generator(spec.seed), data=train_data, batch_size=cfg.batch_size,
-        context=cfg.model.context, evaluate=lambda: evaluate(model, val_data, cfg),
+        context=cfg.model.context,
+        evaluate=in_evaluation(sampler, lambda: evaluate(model, val_data, cfg)),
         finish=lambda run, end: finish(cfg, spec, run, model, val_data, end),
         micro_batches=cfg.micro_batches, threads=cfg.single_process_threads, record=record,
         stop_after=spec.stop_after))

@@ -268,3 +268,47 @@ def measure_saved_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] =
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return sum(seen.values()), out
+
+
+#: the kinds of the account alive while the workers train (the hand-over's snapshot is not;
+#: nor is the async parent's evaluation copy, which the parent builds only to evaluate)
+TRAINING_KINDS = tuple(k for k in KINDS if k != "snapshot")
+
+
+def training_difference(cfg: RGCConfig, delay_rule: str = "whole") -> dict[str, int]:
+    """Async's tensor bytes minus backprop's by kind (:data:`TRAINING_KINDS`), summed over the
+    workers: the account of the training phase, the phase a run's peak is taken from."""
+    acc, base = async_account(cfg, delay_rule=delay_rule), backprop_account(cfg)
+    return {k: sum(int(w["bytes"][k]) for w in acc["workers"]) - int(base["bytes"][k])
+            for k in TRAINING_KINDS}
+
+
+def explain_excess(cfg: RGCConfig, candidate: dict[str, Any], baseline: dict[str, Any],
+                   metric: str = "rss") -> list[dict[str, Any]]:
+    """Async's measured excess over backprop (run summaries' training-phase peaks, ``metric``
+    ``"rss"`` or ``"pss"``) explained: the account's difference by kind
+    (:func:`training_difference`: activations kept, stashed weights, queued activation copies,
+    decoder replicas, ...), the workers' torch runtimes (measured by the executor when they had
+    started, ``details.worker_runtimes_memory``, in the same metric; else the idle torch
+    process's USS per extra process, said so), and the unaccounted rest (allocator, pages
+    copied on write, what the account does not know). Rows ``{"what", "bytes"}``; every row but
+    the first adds up to the first."""
+    check(metric in ("rss", "pss"), "metric", metric, "must be 'rss' or 'pss'")
+    key = f"peak_{metric}_bytes"
+    for name, s in (("candidate", candidate), ("baseline", baseline)):
+        check(s.get(key) is not None, f"{name}.{key}", s.get(key), "must be recorded")
+    excess = int(candidate[key]) - int(baseline[key])
+    rows: list[dict[str, Any]] = [{"what": "measured excess", "bytes": excess}]
+    kinds = training_difference(cfg)
+    rows += [{"what": k, "bytes": v} for k, v in kinds.items()]
+    measured = (candidate.get("details") or {}).get("worker_runtimes_memory")
+    if measured is not None:
+        runtimes, what = int(measured[metric]), "torch runtimes of the workers (measured)"
+    else:
+        extra = int(candidate.get("processes", 1)) + 1 - int(baseline.get("processes", 1))
+        idle = int((candidate.get("idle_torch_process") or {}).get("uss", 0))
+        runtimes, what = extra * idle, "torch runtimes (idle torch USS x extra processes)"
+    rows.append({"what": what, "bytes": runtimes})
+    rows.append({"what": "unaccounted rest",
+                 "bytes": excess - sum(kinds.values()) - runtimes})
+    return rows

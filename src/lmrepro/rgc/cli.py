@@ -73,8 +73,10 @@ def load_data(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lmrepro.rgc.common import mark_fresh_process
     from lmrepro.rgc.runner import train
 
+    mark_fresh_process()          # one run per invocation: this process is its tree's root
     cfg = config_from_args(args)
     train_data, val_data = load_data(args)
     result = train(cfg, args.executor, train_data, val_data, args.out, args.corpus or "unknown",

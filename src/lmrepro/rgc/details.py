@@ -23,3 +23,6 @@ class RGCDetails(RunDetails):
     memory_processes: int | None = None           # processes of the measured tree
     worker_runtimes_memory: dict[str, int] | None = None   # async: the workers' bare runtimes
     memory_exact: dict[str, Any] | None = None    # per-process high-water marks (VmHWM)
+    memory_phases: dict[str, dict[str, int]] | None = None   # phase -> peak RSS/PSS/USS
+    memory_attributed: str | None = None          # what the summary's peak_*_bytes count
+    process_tree: dict[str, Any] | None = None    # root_pid, launcher_pid, fresh

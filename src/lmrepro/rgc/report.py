@@ -23,6 +23,9 @@ import pandas as pd
 
 from lmrepro.errors import check
 from lmrepro.results import read_run
+from lmrepro.memory_phases import PHASES, TRAINING
+from lmrepro.rgc.byte_account import explain_excess
+from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.details import RGCDetails
 
 GIB = 2**30
@@ -92,6 +95,49 @@ def memory_split_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
                              split["idle_runtimes_bytes"] / GIB,
                          "rest: data over backprop's (GiB)": split["data_bytes"] / GIB,
                          "runtimes share of the extra": split["runtimes_share"]})
+    return pd.DataFrame(rows)
+
+
+MIB = 2**20
+
+
+def memory_phase_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """Per run (``runs``: name -> summary) and phase of its memory (``details.memory_phases``,
+    :mod:`lmrepro.memory_phases`): peak RSS and PSS (MiB), whether the phase is the run's peak
+    (the training phase; the evaluation copy and the hand-over are the other rows) and the root
+    of its process tree (a fresh process per run: every root differs)."""
+    rows = []
+    for name, s in runs.items():
+        d = RGCDetails.of(s)
+        root = (d.process_tree or {}).get("root_pid")
+        for phase in PHASES:
+            m = (d.memory_phases or {}).get(phase)
+            if m is not None:
+                rows.append({"run": name, "executor": s.get("executor"), "phase": phase,
+                             "counted in the run's peak": phase == TRAINING,
+                             "peak RSS (MiB)": m["rss"] / MIB, "peak PSS (MiB)": m["pss"] / MIB,
+                             "process tree root": root,
+                             "fresh process": (d.process_tree or {}).get("fresh")})
+    return pd.DataFrame(rows)
+
+
+def excess_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """Every async run's peak over the backprop run of its corpus and seed, explained by the
+    byte account (:func:`lmrepro.rgc.byte_account.explain_excess`) on RSS and on PSS: the
+    measured excess, the tensors by kind, the workers' runtimes, the unaccounted rest (MiB)."""
+    rows = []
+    for name, s in runs.items():
+        base = [b for b in runs.values() if b.get("method") == "backprop"
+                and b.get("executor") == "backprop" and b.get("corpus") == s.get("corpus")
+                and b.get("seed") == s.get("seed")]
+        if s.get("executor") != "async" or not base or s.get("peak_pss_bytes") is None:
+            continue
+        conf = s["config"]
+        cfg = RGCConfig(**{**conf["settings"], "model": conf["model"]})
+        rss = explain_excess(cfg, dict(s), dict(base[0]), "rss")
+        pss = explain_excess(cfg, dict(s), dict(base[0]), "pss")
+        rows += [{"run": name, "what": a["what"], "RSS (MiB)": a["bytes"] / MIB,
+                  "PSS (MiB)": b["bytes"] / MIB} for a, b in zip(rss, pss)]
     return pd.DataFrame(rows)
 
 

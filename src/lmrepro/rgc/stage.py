@@ -16,6 +16,7 @@ from lmrepro.pipeline.stage_products import write_stage_products
 from lmrepro.rundirs import prepare_runs_dir, seed_dir
 from lmrepro.rgc.common import check_data
 from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor
+from lmrepro.rgc.isolated import train_in_fresh_process
 from lmrepro.rgc.runner import train
 
 log = logging.getLogger(__name__)
@@ -26,19 +27,26 @@ RUN_NAMES = {"async": "rgc-async", "sync": "rgc-sync", "backprop": "backprop"}
 def run_executors(train_data: np.ndarray, val_data: np.ndarray, corpus: str,
                   out_root: str | Path, config: RGCConfig,
                   executors: Sequence[str] = ("async", "sync", "backprop"), seed: int = 0,
-                  test_data: np.ndarray | None = None) -> dict[str, dict]:
+                  test_data: np.ndarray | None = None, fresh_process: bool = True
+                  ) -> dict[str, dict]:
     """Each executor into ``out_root/<name>`` (``rgc-async``, ``rgc-sync``, ``backprop``). A run
     whose ``summary.json`` exists is read back; a run with only a checkpoint resumes.
-    ``test_data``: the test split, scored at the end of each run. Returns
-    ``{executor: summary}``."""
+    ``test_data``: the test split, scored at the end of each run. ``fresh_process``: each run
+    in a new interpreter of its own (:mod:`lmrepro.rgc.isolated`), so that no earlier run's
+    allocations or torch state count in its memory; False: in this process (the same results).
+    Returns ``{executor: summary}``."""
     out_root = Path(out_root)
     summaries: dict[str, dict] = {}
     for executor in executors:
         check_executor(executor)
         run_dir = out_root / RUN_NAMES[executor]
         if not (run_dir / SUMMARY).exists():
-            train(config, executor, train_data, val_data, run_dir, corpus, RUN_NAMES[executor],
-                  seed=seed, test_data=test_data)
+            if fresh_process:
+                train_in_fresh_process(config, executor, train_data, val_data, run_dir, corpus,
+                                       RUN_NAMES[executor], seed, test_data)
+            else:
+                train(config, executor, train_data, val_data, run_dir, corpus,
+                      RUN_NAMES[executor], seed=seed, test_data=test_data)
         summaries[executor] = read_run(run_dir)["summary"]
     return summaries
 
@@ -47,7 +55,8 @@ def run_executors(train_data: np.ndarray, val_data: np.ndarray, corpus: str,
 def run_suite(suite: RGCSuite, seeds: Sequence[int], prepared_dir: str | Path,
               stage_dir: str | Path = "results/rgc") -> dict[str, Path]:
     """The ``rgc:`` section's executors on each of its corpora, once per seed into
-    ``runs/<corpus>/seed<N>/<run>``; DVC metrics and plots."""
+    ``runs/<corpus>/seed<N>/<run>``, each run in a fresh process tree of its own
+    (:func:`run_executors`); DVC metrics and plots."""
     stage_dir = Path(stage_dir)
     splits = {c: load_splits(prepared_dir, c) for c in suite.corpora}
     tests = {c: load_split(Path(prepared_dir) / c, "test") for c in suite.corpora}

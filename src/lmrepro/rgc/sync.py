@@ -24,12 +24,12 @@ from lmrepro.backprop import restore_state
 from lmrepro.data.batches import sample_batch
 from lmrepro.evaluation import bits_per_byte
 from lmrepro.harness import StepFn
-from lmrepro.memory import MemorySampler
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import grads_to_flat
 from lmrepro.rgc.common import (ConsensusQueue, RunSpec, StageGradientDelay, TrainResult,
                                 batch_generator, build_model, checkpoint_state, evaluate, finish,
-                                harness, make_adamw, micro_batches, set_lr)
+                                harness, in_evaluation, make_adamw, micro_batches,
+                                run_sampler, set_lr)
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.stages import (accumulate_rgc_grads, decoder_parameters, stage_bounds,
                                 stage_parameters)
@@ -79,11 +79,11 @@ def _run(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.nda
                                 gen.get_state(), consensus.state(),
                                 {"stage_grads": delay.state()} if cfg.runs_ahead else None)
 
-    with harness(cfg, spec, MemorySampler()) as run:
+    with harness(cfg, spec, run_sampler()) as run:
         end = spec.end(cfg, run.resume(restore))
         step = _step_fn(cfg, model, opts, consensus, delay, gen, train_data)
-        run.train(step, state,
-                  lambda: bits_per_byte(evaluate(model, val_data, cfg)), end)
+        run.train(step, state, in_evaluation(
+            run.sampler, lambda: bits_per_byte(evaluate(model, val_data, cfg))), end)
         return finish(cfg, spec, run, model, val_data, end)
 
 
