@@ -45,7 +45,10 @@ DEFAULT_OUT = REPO / "bench" / "results" / "cpu.json"
 def load_params() -> tuple[Any, Any]:
     """``(ModelConfig, BaselineConfig)`` of the default profile of params.yaml."""
     from lmrepro.pipeline.params import load_params
+    from lmrepro.pipeline.registry import install
+    from lmrepro.wings import WINGS
 
+    install(WINGS)
     params = load_params(REPO / "params.yaml", "default")
     return params.model, params.train
 

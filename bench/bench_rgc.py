@@ -297,8 +297,11 @@ def _median_run(runs: list[dict]) -> dict[str, float]:
 def main_bench(args: argparse.Namespace) -> int:
     from lmrepro.bench.machine import busy_processes, load_average, machine_info
     from lmrepro.pipeline.params import load_params
+    from lmrepro.pipeline.registry import install
     from lmrepro.rgc.report import memory_split
+    from lmrepro.wings import WINGS
 
+    install(WINGS)
     cores = os.cpu_count() or 1
     base = load_params(REPO / "params.yaml", "default").rgc.config
     K = base.n_stages

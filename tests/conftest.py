@@ -16,3 +16,11 @@ def text_bytes() -> np.ndarray:
     rng = np.random.default_rng(0)
     parts = [words[i:] + words[:i] for i in rng.integers(0, len(words), size=1200)]
     return np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests run the pipeline as the ``lmrepro`` command does: with the wings installed."""
+    from lmrepro.pipeline.registry import install
+    from lmrepro.wings import WINGS
+
+    install(WINGS)

@@ -26,8 +26,11 @@ from lmrepro.pipeline import analysis as A
 from lmrepro.pipeline import claims as C
 from lmrepro.pipeline import comparisons
 from lmrepro.pipeline import plots as P
-from lmrepro.results import Method
+from lmrepro.baseline.roles import ROLE_BACKPROP
+from lmrepro.rgc.roles import ROLE_RGC_ASYNC, ROLE_RGC_SYNC
+from lmrepro.scape.roles import ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_TOPK
 from lmrepro.stats import StatsConfig, noninferiority
+from lmrepro.wings import Method
 
 N_RES = 2000
 STATS = StatsConfig(n_resamples=N_RES)
@@ -92,11 +95,11 @@ def test_communication_table(tmp_path: Path) -> None:
 
 def test_role_from_method_and_executor(tmp_path: Path) -> None:
     assert [A.run_role(m) for m in (Method.ADAMW, "adams", Method.SCAPE, Method.TOPK,
-                                     Method.BACKPROP)] == [A.ROLE_ADAMW, A.ROLE_ADAMS, A.ROLE_SCAPE,
-                                                          A.ROLE_TOPK, A.ROLE_BACKPROP]
-    assert A.run_role(Method.BACKPROP, executor="backprop") == A.ROLE_BACKPROP
-    assert A.run_role(Method.RGC, executor="async") == A.ROLE_RGC_ASYNC
-    assert A.run_role(Method.RGC, executor="sync") == A.ROLE_RGC_SYNC
+                                     Method.BACKPROP)] == [ROLE_ADAMW, ROLE_ADAMS, ROLE_SCAPE,
+                                                          ROLE_TOPK, ROLE_BACKPROP]
+    assert A.run_role(Method.BACKPROP, executor="backprop") == ROLE_BACKPROP
+    assert A.run_role(Method.RGC, executor="async") == ROLE_RGC_ASYNC
+    assert A.run_role(Method.RGC, executor="sync") == ROLE_RGC_SYNC
     # no guessing from spellings: an unknown method or an RGC run without its executor is refused
     for method, executor, name in [("topk_ef", None, "method"), ("AdamW", None, "method"),
                                    ("rgc_async", None, "method"), (Method.RGC, None, "executor"),
@@ -108,9 +111,9 @@ def test_role_from_method_and_executor(tmp_path: Path) -> None:
         A.run_role("sgd")
     # the role of a loaded run comes from its summary
     run = A.load_run("r", make_run(tmp_path, "r", "rgc", executor="sync"))
-    assert run.role == A.ROLE_RGC_SYNC and run.world_size is None
+    assert run.role == ROLE_RGC_SYNC and run.world_size is None
     run = A.load_run("s", make_run(tmp_path, "s", "scape", sparsity=0.9, processes=4))
-    assert run.role == A.ROLE_SCAPE and run.world_size == 4
+    assert run.role == ROLE_SCAPE and run.world_size == 4
 
 
 def test_noninferiority_table_matches_the_test_on_pooled_pairs(tmp_path: Path) -> None:
@@ -286,7 +289,7 @@ def test_analysis_stage_and_claims_stage(tmp_path: Path, monkeypatch: pytest.Mon
     assert (result["tables"]["communication"].dense == "shakespeare/dense-s").all()
     saved = A.read_analysis(out / "scape" / "analysis.json")
     assert saved == result["records"] and saved.stage == "scape" and saved.stats == STATS
-    assert {r.name: r.role for r in saved.runs}["shakespeare/t99"] == A.ROLE_TOPK
+    assert {r.name: r.role for r in saved.runs}["shakespeare/t99"] == ROLE_TOPK
     ni = read_json(out / "scape" / "noninferiority.json")
     assert ni == {c.label: {"mean_rel_diff": c.mean_rel_diff, "upper_bound": c.upper_bound,
                             "batch_upper_bound": c.batch_upper_bound,
@@ -521,7 +524,7 @@ def test_with_several_seeds_the_runs_decide_a_timing_verdict_not_the_step_jitter
     that barely jitter do not make a speed-up the seeds disagree on conclusive."""
     steady = paired_suite(tmp_path / "a", [0.80, 0.82, 0.79], spread=0.3)
     (r,) = [x for x in A.analysis_records(steady, stats=STATS).resources
-            if x.candidate_role == A.ROLE_SCAPE]
+            if x.candidate_role == ROLE_SCAPE]
     assert r.timing_basis == "runs" and r.timing_pairs == 3
     assert r.relative_spread > abs(math.log(r.speedup))      # the old rule: inconclusive
     assert r.speedup_conclusive and r.speedup_halfwidth < 0.1
@@ -532,7 +535,7 @@ def test_with_several_seeds_the_runs_decide_a_timing_verdict_not_the_step_jitter
     # ln 1.29, the run-level interval (t with 2 degrees of freedom) is not
     shaky = paired_suite(tmp_path / "b", [0.70, 0.90, 0.72], spread=0.01)
     (r,) = [x for x in A.analysis_records(shaky, stats=STATS).resources
-            if x.candidate_role == A.ROLE_SCAPE]
+            if x.candidate_role == ROLE_SCAPE]
     assert r.relative_spread < abs(math.log(r.speedup))      # the old rule: conclusive
     assert not r.speedup_conclusive
     assert any("inside its run-level 95 % interval over 3 seeds" in c for c in r.caveats)
@@ -542,7 +545,7 @@ def test_with_several_seeds_the_runs_decide_a_timing_verdict_not_the_step_jitter
 def test_oversubscription_and_declared_caveats_travel_to_the_table(tmp_path: Path) -> None:
     runs = full_profile(tmp_path, with_enwik8=False)
     records = A.analysis_records(runs, stats=STATS, cores=2)
-    (res,) = [r for r in records.resources if r.candidate_role == A.ROLE_RGC_ASYNC]
+    (res,) = [r for r in records.resources if r.candidate_role == ROLE_RGC_ASYNC]
     assert ("oversubscribed: backprop (8 threads) and rgc-async (8 threads) on 2 cores: "
             "throughput not representative") in res.caveats
     df = C.claims_table(records).set_index("id")
@@ -552,7 +555,7 @@ def test_oversubscription_and_declared_caveats_travel_to_the_table(tmp_path: Pat
     # the SCAPE runs use 1 thread in all, within 2 cores
     assert "oversubscribed" not in df.loc["scape-step-speedup", "caveats"]
     declared = C.Claim("x", "P", "claim", "paper: y", "src", "scale", "rule",
-                       C.noninferiority_measure(A.ROLE_SCAPE, A.ROLE_ADAMW, non_inferior=True),
+                       C.noninferiority_measure(ROLE_SCAPE, ROLE_ADAMW, non_inferior=True),
                        caveat="AdamS shares AdamW's learning rate (untuned)")
     row = C.claims_table(records, [declared]).iloc[0]
     assert row.caveats.startswith("AdamS shares AdamW's learning rate (untuned); ")

@@ -27,6 +27,9 @@ STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 #: the module that implements each stage command other than ``lmrepro notebook``
 COMMAND_MODULES = {"validate": "lmrepro.pipeline.params", "report": "lmrepro.pipeline.report"}
+#: the composition: every stage's program installs the wings (a notebook's first cell, the
+#: ``lmrepro`` command)
+WINGS = "lmrepro.wings"
 
 
 def module_path(name: str) -> Path | None:
@@ -80,27 +83,26 @@ def imported_modules(tree: ast.AST, current: str, is_package: bool) -> set[str]:
     return {m for m in found if module_path(m)}
 
 
-def registered(function: str) -> set[str]:
-    """The modules the wings name in their registrations (``register_claims(WING, "module")``,
-    ``register_section(WING, key, "module:Class", ...)`` in each wing's ``wing.py``)."""
+def registered(field: str) -> set[str]:
+    """The modules the wings name in a field of their :class:`~lmrepro.pipeline.registry.Wing`
+    (``claims="module"``, ``section=Section(key, "module:Class", ...)`` in each wing's
+    ``wing.py``)."""
     found = set()
     for path in SRC.glob("lmrepro/*/wing.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == function:
-                found |= {a.value.partition(":")[0] for a in node.args
+            if isinstance(node, ast.keyword) and node.arg == field:
+                found |= {a.value.partition(":")[0] for a in ast.walk(node.value)
                           if isinstance(a, ast.Constant) and str(a.value).startswith("lmrepro.")}
     return found
 
 
-#: imports made by name (``importlib``) that the traversal follows too: the pipeline's registry
-#: loads the wings' registrations (``lmrepro.wings``) when it first needs them, the schema
-#: (``lmrepro.pipeline.params``) the wings' configuration classes and the claims registry
-#: (``lmrepro.pipeline.claims``) the modules the wings register claims from, the tables their
+#: imports made by name (``importlib``) that the traversal follows too: the schema
+#: (``lmrepro.pipeline.params``) imports the wings' configuration classes, the claims registry
+#: (``lmrepro.pipeline.claims``) the modules the wings declare claims in, the tables their
 #: columns from
-DYNAMIC_IMPORTS = {"lmrepro.pipeline.registry": {"lmrepro.wings"},
-                   "lmrepro.pipeline.params": registered("register_section"),
-                   "lmrepro.pipeline.claims": registered("register_claims"),
-                   "lmrepro.pipeline.tables": registered("register_tables")}
+DYNAMIC_IMPORTS = {"lmrepro.pipeline.params": registered("section"),
+                   "lmrepro.pipeline.claims": registered("claims"),
+                   "lmrepro.pipeline.tables": registered("tables")}
 
 PARAMS = "lmrepro.pipeline.params"
 RESOLVED = "results/params.json"
@@ -135,7 +137,7 @@ def stage_roots(stage: dict) -> set[str]:
         code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
         roots = imported_modules(ast.parse(code), "__notebook__", False)
         return roots | {"lmrepro.pipeline.notebook"}
-    return {COMMAND_MODULES[cmd[1]]}
+    return {COMMAND_MODULES[cmd[1]], WINGS}    # the lmrepro command installs the wings
 
 
 @pytest.mark.parametrize("name", sorted(STAGES))
@@ -166,9 +168,9 @@ def test_the_check_follows_function_level_and_relative_imports() -> None:
     # import inside lmrepro.optim, and the trainer through a function-level import of the CLI
     reached = closure({"lmrepro.scape.stage"})
     assert SRC / "lmrepro" / "optim" / "adams.py" in reached
-    assert SRC / "lmrepro" / "scape" / "trainer.py" in closure({"lmrepro.scape.cli"})
-    # and the wings' registrations, which the pipeline's registry loads by name
-    assert SRC / "lmrepro" / "rgc" / "wing.py" in closure({"lmrepro.pipeline.runs"})
-    assert registered("register_claims") == {"lmrepro.scape.claims", "lmrepro.rgc.claims"}
+    assert SRC / "lmrepro" / "scape" / "trainer.py" in closure({"lmrepro.scape.worker"})
+    # and the wings, which every stage's program installs
+    assert SRC / "lmrepro" / "rgc" / "wing.py" in closure(stage_roots(STAGES["analysis_rgc"]))
+    assert registered("claims") == {"lmrepro.scape.claims", "lmrepro.rgc.claims"}
     assert SRC / "lmrepro" / "rgc" / "claims.py" in closure({"lmrepro.pipeline.claims"})
     assert SRC / "lmrepro" / "scape" / "config.py" in closure({"lmrepro.pipeline.params"})

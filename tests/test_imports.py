@@ -1,15 +1,20 @@
-"""The import graph of the package: no cycle between its units (a subpackage such as
-``lmrepro.pipeline``, or a top-level module such as ``lmrepro.stats``) but the known ones listed
-below, and none between the modules of ``lmrepro.pipeline``.
+"""The import graph of the package: no import cycle between its files, none between its units
+(a subpackage such as ``lmrepro.pipeline``, or a top-level module such as ``lmrepro.stats``), and
+dependencies that point downwards from the wings.
 
-Every ``import`` and ``from ... import`` of every module counts, at module level or inside a
-function (a lazy import hides a cycle from the interpreter, not from the design); dynamic imports
-(``importlib.import_module``) do not.
+Every import of a module counts, at module level or inside a function (a lazy import hides a cycle
+from the interpreter, not from the design), and so does every module named by a string: an
+argument of ``importlib.import_module`` or ``__import__``, a package's lazy exports
+(``_EXPORTS``), a module a wing's value names (``claims="lmrepro.scape.claims"``, a section's
+``"module:Class"``, a command's module) or a worker program (``-m lmrepro.scape.worker``): a
+string constant that is exactly a module of the package, with or without ``:Name``.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,11 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lmrepro"
 
 #: The import cycles between units the package still has, each as the units in import order
 #: from the first by name (``("data", "pipeline")``: data imports pipeline, which imports data;
-#: names without ``lmrepro.``). None is left since issue 17: the wings register their roles,
-#: pairings, parameter sections and claims with ``lmrepro.pipeline.registry`` and
-#: ``lmrepro.wings`` (above both) imports them; data.cli gets its parameter loader from the
-#: ``lmrepro`` command. A new cycle fails the test, and so does an entry that no longer exists,
-#: so the list only shrinks.
+#: names without ``lmrepro.``). A new cycle fails the test, and so does an entry that no longer
+#: exists, so the list only shrinks.
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 #: the wings: they import the pipeline and the shared parts, which import none of them
@@ -49,12 +51,19 @@ def unit_of(module: str) -> str | None:
     return "lmrepro"
 
 
-def imported_modules(path: Path) -> Iterator[str]:
-    """The modules ``path`` imports, absolute (relative imports resolved); ``from pkg import
-    name`` yields ``pkg.name`` too, for the case where ``name`` is a module."""
-    module = module_name(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+#: a string naming a module of the package (``lmrepro.x.y``, or ``lmrepro.x.y:Name``)
+MODULE_STRING = re.compile(r"(lmrepro(?:\.\w+)+)(?::\w+)?")
+#: a module named inside a string of code (``__import__('lmrepro.x', ...)``)
+IMPORT_IN_CODE = re.compile(r"(?:__import__|import_module)\(\s*['\"](lmrepro(?:\.\w+)+)['\"]")
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> Iterator[str]:
+    """The modules the module ``module`` (with ``source``) imports, absolute (relative imports
+    resolved), by statement or by string; ``from pkg import name`` yields ``pkg.name`` too, for
+    the case where ``name`` is a module, and ``pkg`` unless every name is a submodule (importing
+    a submodule runs the package's ``__init__`` whoever imports it: no edge of its own)."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -62,8 +71,23 @@ def imported_modules(path: Path) -> Iterator[str]:
             if node.level:
                 up = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, base] if base else up)
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            if not all(is_module(n) for n in names):   # a name of the package, not a submodule
+                yield base
+            yield from names
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if found := MODULE_STRING.fullmatch(node.value):
+                yield found.group(1)
+            yield from IMPORT_IN_CODE.findall(node.value)
+        elif (isinstance(node, ast.Assign) and is_package
+              and any(getattr(t, "id", "") == "_EXPORTS" for t in node.targets)):
+            yield from (f"{module}.{sub}" for sub in ast.literal_eval(node.value).values())
+
+
+def imported_modules(path: Path) -> Iterator[str]:
+    """The modules the file ``path`` imports (:func:`imports_of`)."""
+    yield from imports_of(path.read_text(encoding="utf-8"), module_name(path),
+                          path.name == "__init__.py")
 
 
 def is_module(name: str) -> bool:
@@ -71,12 +95,14 @@ def is_module(name: str) -> bool:
     return rel.with_suffix(".py").exists() or (rel / "__init__.py").exists()
 
 
+@functools.cache
 def module_graph() -> dict[str, set[str]]:
-    """``module -> modules of the package it imports``."""
+    """``module -> modules of the package it imports`` (read once: the tests only read it)."""
     graph: dict[str, set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        graph[module_name(path)] = {m for m in imported_modules(path)
-                                    if m.startswith("lmrepro") and is_module(m)}
+        name = module_name(path)
+        graph[name] = {m for m in imported_modules(path)
+                       if m.startswith("lmrepro") and is_module(m) and m != name}
     return graph
 
 
@@ -111,6 +137,68 @@ def cycles(edges: set[tuple[str, str]]) -> set[tuple[str, ...]]:
     return found
 
 
+def file_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest cycle through each strongly connected part of ``graph`` that has one (no
+    cycle: an empty list), each from its smallest module, in import order."""
+    found = []
+    for part in strongly_connected(graph):
+        start = min(part)
+        paths = {start: [start]}
+        todo = [start]
+        while todo:                          # breadth first, inside the part
+            here = todo.pop(0)
+            for there in sorted(graph.get(here, ())):
+                if there == start:
+                    found.append(paths[here])
+                    todo = []
+                    break
+                if there in part and there not in paths:
+                    paths[there] = [*paths[here], there]
+                    todo.append(there)
+    return sorted(found)
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected parts of ``graph`` with more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    parts = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    part = set()
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        part.add(top)
+                        if top == node:
+                            break
+                    if len(part) > 1:
+                        parts.append(part)
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return parts
+
+
 def short(name: str) -> str:
     return name.removeprefix("lmrepro.")
 
@@ -124,6 +212,32 @@ def test_the_graph_sees_module_level_and_lazy_imports() -> None:
     assert unit_of("lmrepro.stats") == "lmrepro.stats" and unit_of("lmrepro") == "lmrepro"
     assert cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("b", "a")}) == {
         ("a", "b", "c"), ("a", "b")}
+
+
+def test_the_graph_follows_import_strings() -> None:
+    graph = module_graph()
+    assert "lmrepro.scape.claims" in graph["lmrepro.scape.wing"]           # a wing's value
+    assert "lmrepro.scape.config" in graph["lmrepro.scape.wing"]           # "module:Class"
+    assert "lmrepro.scape.worker" in graph["lmrepro.scape.launch"]         # a worker program
+    assert "lmrepro.rgc.runner" in graph["lmrepro.rgc"]                    # lazy exports
+    assert "lmrepro.lifetime" in graph["lmrepro.pipeline.notebook"]        # __import__ in code
+    source = ("import importlib\n"
+              "def f():\n"
+              "    return importlib.import_module('lmrepro.b'), 'not lmrepro.c', 'lmrepro.d:E'\n")
+    assert set(imports_of(source, "lmrepro.a")) == {"importlib", "lmrepro.b", "lmrepro.d"}
+    assert file_cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}) == [
+        ["a", "b", "c"]]
+    assert file_cycles({"a": {"b", "c"}, "b": {"a"}, "c": {"a"}, "x": {"y"}, "y": {"x"}}) == [
+        ["a", "b"], ["x", "y"]]
+
+
+def test_no_import_cycle_between_files() -> None:
+    """No module reaches itself through imports (at any level) or import strings: a shared
+    piece two modules need lives below both (e.g. the SCAPE worker's flags in
+    ``scape/worker.py``, which both its launcher and the ``lmrepro`` subcommands import)."""
+    found = file_cycles(module_graph())
+    assert not found, "import cycles between files: " + "; ".join(
+        " -> ".join(short(m) for m in (*c, c[0])) for c in found)
 
 
 def test_no_import_cycle_between_units_but_the_known_ones() -> None:
@@ -147,8 +261,9 @@ def test_no_import_cycle_between_the_pipeline_modules() -> None:
 
 
 def test_dependencies_point_downwards_from_the_wings() -> None:
-    """The pipeline and the other shared parts import no wing (the wings register with the
-    pipeline instead: ``lmrepro.pipeline.registry``), and no wing imports another."""
+    """The pipeline and the other shared parts import no wing (each wing declares a value the
+    composition, ``lmrepro.wings``, hands to ``lmrepro.pipeline.registry.install``), and no
+    wing imports another."""
     upward = sorted((short(a), short(b), sorted(m)) for (a, b), m in unit_graph().items()
                     if a in SHARED and b in WINGS)
     assert not upward, f"shared parts import wings: {upward}"
@@ -158,7 +273,7 @@ def test_dependencies_point_downwards_from_the_wings() -> None:
 
 
 def test_a_scape_worker_loads_no_other_wing() -> None:
-    """The launcher's worker entry (``python -m lmrepro.scape.cli``) imports neither the RGC or
+    """The launcher's worker entry (``python -m lmrepro.scape.worker``) imports neither the RGC or
     baseline wing nor the pipeline: every torchrun worker pays only for what it runs."""
     import subprocess
     import sys

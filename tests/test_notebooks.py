@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SHARED_PARAMS = ("params_file = None  # default: params.yaml at the project root\n"
                  "profile = None  # default: the profile named in the parameter file")
-SHARED_SETUP = "from lmrepro.pipeline.session import start\n\nparams = start(params_file, profile)"
+SHARED_SETUP = ("from lmrepro.pipeline.session import start\nfrom lmrepro.wings import WINGS\n\n"
+                "params = start(params_file, profile, wings=WINGS)")
 # code that draws: a cell holding it must be tagged "figure" (so the tests below check its image)
 DRAWS = re.compile(r"figures\[|figures\.get|plot_\w+\(|Figure\(|\.subplots\(")
 PNG = 'src="data:image/png;base64,'

@@ -1,5 +1,5 @@
-"""The wings' registrations with the pipeline (lmrepro.pipeline.registry): the vocabulary the
-shared parts read, unchanged from when the pipeline named it itself."""
+"""The wings' vocabulary as the pipeline reads it (lmrepro.pipeline.registry): each wing's one
+value (Wing), listed by lmrepro.wings and installed explicitly."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from lmrepro.errors import ParameterError
-from lmrepro.pipeline import analysis as A
-from lmrepro.pipeline import comparisons, registry
-from lmrepro.results import Method
+from lmrepro.pipeline import registry
+from lmrepro.wings import WINGS, Method
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "lmrepro"
 METHODS = ("backprop", "adamw", "adams", "scape", "scape_stale_m", "topk", "topk_adamw", "rgc")
@@ -20,23 +19,41 @@ METHODS = ("backprop", "adamw", "adams", "scape", "scape_stale_m", "topk", "topk
 def test_methods_roles_and_pairings() -> None:
     assert registry.methods() == METHODS
     assert tuple(m.value for m in Method) == METHODS
-    assert A.DATA_PARALLEL == ("adamw", "adams", "scape", "scape_stale_m", "topk", "topk_adamw")
-    assert A.SPARSE == ("scape", "scape_stale_m", "topk", "topk_adamw")
-    assert comparisons.DEFAULT_PAIRINGS == A.DEFAULT_PAIRINGS == (
+    assert registry.data_parallel_roles() == ("adamw", "adams", "scape", "scape_stale_m", "topk",
+                                              "topk_adamw")
+    assert registry.sparse_roles() == ("scape", "scape_stale_m", "topk", "topk_adamw")
+    assert registry.pairings() == (
         ("scape", "adamw"), ("scape", "adams"), ("scape_stale_m", "adamw"),
         ("scape_stale_m", "adams"), ("topk", "adamw"), ("topk", "adams"),
         ("topk_adamw", "adamw"), ("rgc_async", "backprop"), ("rgc_sync", "backprop"))
-    assert A.STAGE_REFERENCES == {"scape": ("adamw", "adams"), "rgc": ("backprop", None)}
+    assert registry.stages() == {"scape": ("adamw", "adams"), "rgc": ("backprop", None)}
     assert [s.key for s in registry.sections()] == ["train", "scape", "rgc"]
     assert registry.record_stages() == ("scape", "rgc", "scaling", "rgc_scaling")
     assert [c.id for c in registry.claims()][0].startswith("scape-")
-    with pytest.raises(AttributeError):
-        A.ROLE_SGD  # noqa: B018
+    assert not registry.is_role("sgd")
 
 
 def test_a_role_is_registered_once() -> None:
+    twice = registry.Wing("test", roles=(registry.Role("scape", "scape"),))
     with pytest.raises(ParameterError, match="registered once"):
-        registry.register_roles("test", registry.Role("scape", "scape"))
+        registry.install((*WINGS, twice))
+    # refused as a whole: the wings installed before stay
+    assert registry.wings() == WINGS and registry.role("scape").wing == "scape"
+
+
+def test_the_wings_are_installed_explicitly_and_in_their_order() -> None:
+    """Nothing registers when a module is imported: a wing is a value, listed by lmrepro.wings;
+    installing a list makes it the vocabulary, in the list's order."""
+    baseline, scape, rgc = WINGS
+    assert [w.name for w in WINGS] == ["baseline", "scape", "rgc"]
+    try:
+        registry.install((baseline, rgc))
+        assert registry.methods() == ("backprop", "rgc")
+        assert [s.key for s in registry.sections()] == ["train", "rgc"]
+        assert registry.record_stages() == ("rgc", "rgc_scaling")
+    finally:
+        registry.install(WINGS)
+    assert registry.methods() == METHODS
 
 
 def test_the_shared_parts_name_no_method() -> None:

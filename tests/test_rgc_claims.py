@@ -10,9 +10,9 @@ import pytest
 import math
 
 from lmrepro.pipeline import claims as C
-from lmrepro.pipeline.analysis import (ROLE_BACKPROP, ROLE_RGC_ASYNC, AnalysisRecords,
-                                       ResourceRecord, RunRecord)
+from lmrepro.pipeline.records import AnalysisRecords, ResourceRecord, RunRecord
 from lmrepro.rgc import claims
+from lmrepro.rgc.roles import ROLE_BACKPROP, ROLE_RGC_ASYNC
 from lmrepro.stats import StatsConfig
 
 GIB = 2**30

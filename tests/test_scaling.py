@@ -121,7 +121,7 @@ def test_a_runs_own_dense_steps_and_momentum_rule_reach_its_worker() -> None:
 
     from lmrepro.config import from_arguments
     from lmrepro.model import ModelConfig
-    from lmrepro.scape import cli
+    from lmrepro.scape import cli, worker
     from lmrepro.scape.config import ScapeConfig, ScapeRun
 
     parser = argparse.ArgumentParser()
@@ -132,10 +132,10 @@ def test_a_runs_own_dense_steps_and_momentum_rule_reach_its_worker() -> None:
                               ("scape90_keepm", 3, "decay"), ("topk99", 3, "decay"),
                               ("topk99_zerom", 3, "zero")):
         run = runs[name]
-        args = parser.parse_args(["train-scape", *cli.worker_argv(cfg, run, ModelConfig(), "c",
+        args = parser.parse_args(["train-scape", *worker.worker_argv(cfg, run, ModelConfig(), "c",
                                                                   "o", seed=0)])
         got_cfg = from_arguments(ScapeConfig, args)
-        got_run = from_arguments(ScapeRun, args, exclude=cli.RUN_OWN)
+        got_run = from_arguments(ScapeRun, args, exclude=worker.RUN_OWN)
         assert got_cfg.dense_steps == dense and got_cfg.lr == run.lr, name
         assert got_run.momentum_rule == rule and got_run.off_mask_momentum == \
             run.off_mask_momentum, name

@@ -206,18 +206,18 @@ def test_cli_flags_and_launch_helpers(tmp_path, monkeypatch):
     import argparse
 
     from lmrepro.model import ModelConfig
-    from lmrepro.scape import cli, launch
+    from lmrepro.scape import cli, launch, worker
     from lmrepro.scape.config import ScapeConfig, ScapeRun, ScapeSuite
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command"))
     cfg, run, model, _ = _run("c", "o", "topk", 0.99, batch_size=4, eps=1e-7)
-    argv = cli.worker_argv(cfg, run, model, "c", "o", seed=7)
+    argv = worker.worker_argv(cfg, run, model, "c", "o", seed=7)
     args = parser.parse_args(["train-scape", *argv, "--no-resume"])
     # the flags are generated from the configuration classes: a lossless round trip
     from lmrepro.config import from_arguments
     assert from_arguments(ScapeConfig, args) == cfg
-    assert from_arguments(ScapeRun, args, exclude=cli.RUN_OWN) == run     # they came as --lr, ...
+    assert from_arguments(ScapeRun, args, exclude=worker.RUN_OWN) == run   # they came as --lr, ...
     assert from_arguments(ModelConfig, args, prefix="model_") == model
     assert args.seed == 7 and args.resume is False and args.corpus_dir == "c"
     # one default for a setting, whichever way it is given: an unset sparsity is 0 for the
@@ -232,7 +232,7 @@ def test_cli_flags_and_launch_helpers(tmp_path, monkeypatch):
                                                     "1.5"]))
     cmd = launch.torchrun_command(2, ["--x"], nnodes=2, node_rank=1, rdzv_endpoint="h:29500")
     assert cmd[cmd.index("--rdzv-endpoint") + 1] == "h:29500" and "--standalone" not in cmd
-    assert "lmrepro.scape.cli" in cmd and cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert "lmrepro.scape.worker" in cmd and cmd[cmd.index("--nproc-per-node") + 1] == "2"
 
     suite = ScapeSuite(world_size=3, steps=5, batch_size=2, lr=0.01, warmup_steps=0, corpus="x",
                        runs=[ScapeRun(name="a", optimizer="adamw"),

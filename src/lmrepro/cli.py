@@ -2,10 +2,10 @@
 
     lmrepro validate [--params params.yaml] [--profile NAME] [--write results/params.json]
     lmrepro notebook notebooks/03_train_baseline.ipynb [--reports reports] [-p key value ...]
-    lmrepro train    [--params params.yaml] [--profile NAME]     # single-process baseline
+    lmrepro train    [--params params.yaml] [--profile NAME]     # baseline; baseline.cli
     lmrepro install-corpus | fetch | prepare                     # see lmrepro.data.cli
-    lmrepro train-scape ...                                      # under torchrun; scape.cli
-    lmrepro train-rgc ...                                        # see lmrepro.rgc.cli
+    lmrepro train-scape ...                                      # under torchrun; scape.worker
+    lmrepro train-rgc ...                                        # rgc.cli
     lmrepro predict  [--model-params N ...] [--json]             # step-time model; predict_cli
     lmrepro authors-logs DIR --out CSV [--provenance JSON]      # Megatron logs; authors_logs
     lmrepro report   [--reports reports]                         # reports/index.html
@@ -34,7 +34,7 @@ def _add_params_args(p: argparse.ArgumentParser) -> None:
 
 def _load_params(path: str, profile: str | None = None):
     """:func:`lmrepro.pipeline.params.load_params`, imported when a command reads the file (the
-    whole schema, every wing's section: :mod:`lmrepro.wings`)."""
+    whole schema, every installed wing's section)."""
     from lmrepro.pipeline.params import load_params
 
     return load_params(path, profile)
@@ -81,18 +81,6 @@ def _cmd_notebook(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from lmrepro.baseline.stage import run_suite
-    from lmrepro.pipeline.params import load_params
-
-    params = load_params(args.params, args.profile)
-    for run, summary in run_suite(params.train, params.model, params.seeds,
-                                  params.data.prepared_dir, args.out).items():
-        print(f"{run}: {summary['final_bpb']:.4f} bits/byte, "
-              f"{summary['tokens_per_s']:.0f} tokens/s")
-    return 0
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
     from lmrepro.pipeline.report import report_stage
 
@@ -127,11 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="notebook parameter (VALUE parsed as YAML)")
     p.set_defaults(func=_cmd_notebook)
 
-    p = sub.add_parser("train", help="single-process backprop baseline on train.corpora")
-    _add_params_args(p)
-    p.add_argument("--out", default="results/baseline")
-    p.set_defaults(func=_cmd_train)
-
     p = sub.add_parser("report", help="write reports/index.html with provenance and citation")
     _add_params_args(p)
     p.add_argument("--reports", default="reports")
@@ -144,18 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--readme", default="README.md", help="README whose verdicts to update")
     p.set_defaults(func=_cmd_publish)
 
-    # the composition: every wing's registrations with the pipeline (roles, sections, claims)
-    from lmrepro.wings import load_wings
+    # the composition: the wings' vocabulary for the pipeline, and their subcommands
+    import importlib
 
-    load_wings()
     from lmrepro.data import cli as data_cli
-    from lmrepro.rgc import cli as rgc_cli
-    from lmrepro.scape import cli as scape_cli
-    from lmrepro.scape import authors_logs, predict_cli
+    from lmrepro.pipeline.registry import install
+    from lmrepro.wings import WINGS
 
+    install(WINGS)
     data_cli.register(sub, load_params=_load_params)
-    for module in (scape_cli, rgc_cli, predict_cli, authors_logs):
-        module.register(sub)
+    for module in (m for wing in WINGS for m in wing.commands):
+        importlib.import_module(module).register(sub)
     return parser
 
 

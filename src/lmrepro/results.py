@@ -22,12 +22,11 @@ and how to start over (move the run directory aside; nothing here deletes a run)
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import math
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -51,15 +50,6 @@ LATEST = "latest.json"
 BYTE_KINDS = ("grad_values", "param_values", "mask", "total")
 
 
-def __getattr__(name: str) -> Any:
-    """``Method``: every method the wings register, as one enumeration (kept for the code that
-    imported it from here; it lives in :mod:`lmrepro.wings`, above this module: the wings own
-    their methods, e.g. :class:`lmrepro.scape.roles.ScapeMethod`)."""
-    if name == "Method":
-        return importlib.import_module("lmrepro.wings").Method
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def sparsity_from_density(data: Any) -> Any:
     """Older records' ``mean_density`` d (the fraction sent) read as ``mean_sparsity`` 1 - d."""
     if isinstance(data, Mapping) and "mean_density" in data:
@@ -71,10 +61,10 @@ def sparsity_from_density(data: Any) -> Any:
 
 class RunDetails(BaseModel):
     """A run's trainer-specific facts (``RunSummary.details``). Each wing declares a subclass
-    with the facts its trainers record and registers it for its methods
-    (:func:`register_details`); a summary is read into the class of its method. The fields here
-    are the ones shared code reads. Facts a class does not declare are kept (runs written by
-    older versions), and only the facts a trainer set are written back."""
+    with the facts its trainers record, for its methods
+    (:attr:`lmrepro.pipeline.registry.Wing.details`); a summary is read into the class of its
+    method. The fields here are the ones shared code reads. Facts a class does not declare are
+    kept (runs written by older versions), and only the facts a trainer set are written back."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -100,17 +90,15 @@ class RunDetails(BaseModel):
 DETAILS_MODELS: dict[str, type[RunDetails]] = {}   # method -> its details class (the wings')
 
 
-def register_details(methods: Iterable[str], model: type[RunDetails]) -> None:
-    """Read the details of ``methods``' runs as ``model`` (a wing's registration)."""
-    for m in methods:
-        key = str(getattr(m, "value", m))
-        check(DETAILS_MODELS.get(key, model) is model, "details model", key,
-              f"is registered twice ({DETAILS_MODELS.get(key)} and {model})")
-        DETAILS_MODELS[key] = model
+def use_details_models(models: Mapping[str, type[RunDetails]]) -> None:
+    """Read the details of each method's runs as its class in ``models`` (the installed wings'
+    :attr:`lmrepro.pipeline.registry.Wing.details`; a method not in it: :class:`RunDetails`)."""
+    DETAILS_MODELS.clear()
+    DETAILS_MODELS.update({str(getattr(m, "value", m)): model for m, model in models.items()})
 
 
 def details_model(method: Any) -> type[RunDetails]:
-    """The details class registered for ``method`` (:class:`RunDetails` if none)."""
+    """The details class of ``method``'s runs (:class:`RunDetails` if none)."""
     return DETAILS_MODELS.get(str(getattr(method, "value", method)), RunDetails)
 
 
@@ -133,7 +121,7 @@ class RunSummary(BaseModel):
 
     name: str
     method: str = Field(min_length=1, description="what the run trained with: a method a wing "
-                        "registers (e.g. 'scape'; lmrepro.pipeline.registry); the analysis picks "
+                        "declares (e.g. 'scape'; lmrepro.pipeline.registry); the analysis picks "
                         "baselines by its role, never by run name")
     corpus: str
     seed: int

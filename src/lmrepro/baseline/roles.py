@@ -1,5 +1,5 @@
 """The baseline wing's role in the analysis: single-process global backprop (the RGC paper's
-foil), registered by :mod:`lmrepro.baseline.wing`."""
+foil), declared to the pipeline by :mod:`lmrepro.baseline.wing`."""
 
 import enum
 

@@ -1,5 +1,6 @@
-"""What the baseline wing registers with the pipeline (:mod:`lmrepro.pipeline.registry`): the
-``backprop`` role and the ``train:`` section of the parameter file."""
+"""What the baseline wing adds to the pipeline (:class:`lmrepro.pipeline.registry.Wing`): the
+``backprop`` role, the ``train:`` section of the parameter file, its part of the index and its
+subcommand (``lmrepro train``)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lmrepro.baseline.roles import ROLE_BACKPROP
-from lmrepro.pipeline.registry import (Report, Role, register_report, register_roles,
-                                       register_section)
-
-WING = "baseline"
-
-# the RGC suite's backprop executor writes method "backprop" with executor "backprop"
-register_roles(WING, Role(ROLE_BACKPROP, "backprop", executors=(None, "backprop")))
-register_section(WING, "train", "lmrepro.baseline.config:BaselineSuite",
-                 lambda s: [(f"train.corpora[{i}]", c) for i, c in enumerate(s.corpora)])
+from lmrepro.pipeline.registry import Report, Role, Section, Wing
 
 
 def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
@@ -27,4 +20,12 @@ def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
             f"{train.get('steps')} steps")
 
 
-register_report(Report(WING, scale, rank=1, metrics=("results/baseline/metrics.json",)))
+WING = Wing(
+    "baseline",
+    # the RGC suite's backprop executor writes method "backprop" with executor "backprop"
+    roles=(Role(ROLE_BACKPROP, "backprop", executors=(None, "backprop")),),
+    section=Section("train", "lmrepro.baseline.config:BaselineSuite",
+                    lambda s: [(f"train.corpora[{i}]", c) for i, c in enumerate(s.corpora)]),
+    report=Report(scale, rank=1, metrics=("results/baseline/metrics.json",)),
+    commands=("lmrepro.baseline.cli",),
+)

@@ -50,8 +50,6 @@ from lmrepro.results import RunSummary
 from lmrepro.rundirs import collect_runs
 from lmrepro.stats import StatsConfig
 
-# (also readable here, registered by the wings: STAGE_REFERENCES, DEFAULT_PAIRINGS, ROLE_<ROLE>,
-# SPARSE and DATA_PARALLEL; see __getattr__)
 __all__ = [
     # the stage (this module)
     "analysis_records", "analysis_stage", "available_cores", "corpus_floors",
@@ -71,17 +69,6 @@ __all__ = [
     "ANALYSIS_FORMAT", "AnalysisRecords", "ComparisonRecord", "ResourceRecord", "RunRecord",
     "read_analysis",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """Names whose values the wings register (:mod:`lmrepro.pipeline.registry`):
-    ``STAGE_REFERENCES`` (each analysis stage's reference roles: throughput and memory,
-    communication), ``DEFAULT_PAIRINGS``, ``ROLE_<ROLE>``, ``SPARSE`` and ``DATA_PARALLEL``."""
-    if name == "STAGE_REFERENCES":
-        return registry.stages()
-    if name == "DEFAULT_PAIRINGS":
-        return registry.pairings()
-    return registry.role_constant(name, __name__)
 
 
 def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAULT_STATS,
@@ -134,8 +121,8 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
 
     Reads the finished runs under ``results_root/<stage>/runs`` (only those trained with one of
     ``seeds`` when given: the active profile's seeds); tables are computed per corpus and seed
-    against that corpus's reference role (:data:`STAGE_REFERENCES`) and written as CSV under
-    ``out_root/<stage>/``, with ``noninferiority.json`` (the stage's DVC metric),
+    against that corpus's reference role (:func:`lmrepro.pipeline.registry.stages`) and written
+    as CSV under ``out_root/<stage>/``, with ``noninferiority.json`` (the stage's DVC metric),
     ``analysis.json`` (:class:`AnalysisRecords`, read by the claims stage) and the figures as PNG
     (DVC image plots). The loss curves draw the n-gram floors of the corpora prepared under
     ``prepared_dir`` when given (:func:`lmrepro.pipeline.plots.ngram_floors`). Returns ``runs``,

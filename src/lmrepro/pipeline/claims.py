@@ -1,7 +1,7 @@
 """The claims registry: each paper's headline claims beside our figures, from ``analysis.json``.
 
 A :class:`Claim` is declared once, in its paper's wing (e.g. the SCAPE wing's ``claims`` module),
-which registers it (:func:`lmrepro.pipeline.registry.register_claims`): its text, the paper's
+whose value names that module (:attr:`lmrepro.pipeline.registry.Wing.claims`): its text, the paper's
 figure and scale (quoted, with their source), the rule our measurement is judged by, a caveat that
 weakens any verdict on it, and the function that measures it from the analysis stages' records
 (:class:`~lmrepro.pipeline.records.AnalysisRecords`). The claims stage only reads those records:
@@ -32,7 +32,6 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -202,18 +201,9 @@ class Claim:
         return f"{self.paper_figure} (reproduced iff {self.tolerance.text()})"
 
 
-def __getattr__(name: str) -> Any:
-    """``STAGES``: the stages whose ``analysis.json`` the claims read, as the wings register them
-    (:func:`lmrepro.pipeline.registry.record_stages`: ``scape``, ``rgc``, ``scaling``,
-    ``rgc_scaling``)."""
-    if name == "STAGES":
-        return _registry.record_stages()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def registry() -> tuple[Claim, ...]:
-    """Every claim the wings register (:func:`lmrepro.pipeline.registry.register_claims`), in
-    the wings' order: SCAPE's, then RGC's."""
+    """Every claim the wings declare (:attr:`lmrepro.pipeline.registry.Wing.claims`), in the
+    wings' order: SCAPE's, then RGC's."""
     return _registry.claims()
 
 

@@ -2,7 +2,8 @@
 testability of a verdict against the corpus's n-gram floor, and their table.
 
 A comparison pairs a candidate configuration's runs with the baseline configuration's runs of
-the same seed (:data:`DEFAULT_PAIRINGS` says which roles are judged against which), and the
+the same seed (:func:`lmrepro.pipeline.registry.pairings` says which roles are judged against
+which), and the
 per-batch losses by (seed, evaluation batch), so the test reports a batch-level and a seed-level
 bound (:mod:`lmrepro.stats`).
 
@@ -32,16 +33,6 @@ UNITS_NOTE = ("mean_rel_diff and the bounds are fractions of the baseline loss (
               "bits per byte = nats / ln 2, so they are the same in nats and in bits per byte")
 DEFAULT_STATS = StatsConfig()  # the design's test: 1 % margin, 95 %, 10 000 resamples, seed 0
 
-
-
-def __getattr__(name: str) -> Any:
-    """``DEFAULT_PAIRINGS``: which candidate roles are judged against which baseline roles, as
-    the wings register them (:func:`lmrepro.pipeline.registry.register_pairings`;
-    docs/statistics.md: "The same test judges SCAPE vs dense AdamW/AdamS and RGC vs global
-    backprop"), as ``(candidate role, baseline role)`` pairs."""
-    if name == "DEFAULT_PAIRINGS":
-        return registry.pairings()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -117,8 +108,8 @@ class Pairing:
 
 
 def pairings(runs: Runs) -> list[Pairing]:
-    """Every configuration pair of :data:`DEFAULT_PAIRINGS` in the same setting, its runs
-    paired by seed."""
+    """Every configuration pair of :func:`~lmrepro.pipeline.registry.pairings` in the same
+    setting, its runs paired by seed."""
     groups = configurations(runs)
     several: dict[tuple, int] = {}
     for key in groups:
@@ -138,7 +129,8 @@ def pairings(runs: Runs) -> list[Pairing]:
 
 
 def default_comparisons(runs: Runs) -> list[Comparison]:
-    """Comparisons implied by the runs' roles (:data:`DEFAULT_PAIRINGS`), per corpus.
+    """Comparisons implied by the runs' roles (:func:`~lmrepro.pipeline.registry.pairings`), per
+    corpus.
 
     Runs of one configuration (role, corpus, sparsity, world size and the rest of the
     configuration) that differ only in seed are pooled, paired with the baseline

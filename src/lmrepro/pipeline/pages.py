@@ -177,15 +177,13 @@ def from_run(root: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
     headline metrics."""
     import pandas as pd
 
+    from lmrepro.pipeline import registry
     from lmrepro.pipeline.claims import claims_table, read_stage_records
     from lmrepro.pipeline.headline import (claim_items, comparison_items, prediction_items,
                                            study_items, training_items)
     from lmrepro.pipeline.records import read_analysis
     from lmrepro.rundirs import collect_runs
 
-    from lmrepro.pipeline import registry
-
-    registry.load_wings()
     results = Path(root) / "results"
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for stage in ("baseline", *registry.stages()):      # the suites the wings declare

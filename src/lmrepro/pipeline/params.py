@@ -47,10 +47,10 @@ __all__ = ["PROFILE_ENV", "Params", "ParamsFileError", "StrictLoader", "deep_mer
 
 class Params(Section):
     """The whole validated configuration of one profile: ``profile``, ``seeds``, ``data``,
-    ``model``, then each wing's section (its own configuration class, registered with
-    :func:`lmrepro.pipeline.registry.register_section`: ``train``, ``scape``, ``rgc``), then
+    ``model``, then each wing's section (its own configuration class, its
+    :attr:`lmrepro.pipeline.registry.Wing.section`: ``train``, ``scape``, ``rgc``), then
     ``stats``. The class that validates is :func:`params_model` (a subclass of this one, composed
-    of the registered sections); a wing's section reads as ``params.<key>``."""
+    of the installed wings' sections); a wing's section reads as ``params.<key>``."""
 
     key: ClassVar[str] = ""
 
@@ -79,14 +79,15 @@ class Params(Section):
         return self
 
 
-_MODEL: type[Params] | None = None
+#: the schema built for each list of the installed wings' sections
+_MODELS: dict[tuple[registry.Section, ...], type[Params]] = {}
 
 
 def params_model() -> type[Params]:
-    """The schema of a profile: :class:`Params` with its fields in the file's order, the wings'
-    sections between ``model`` and ``stats`` in the order the wings register them."""
-    global _MODEL
-    if _MODEL is None:
+    """The schema of a profile: :class:`Params` with its fields in the file's order, the
+    installed wings' sections between ``model`` and ``stats`` in the wings' order."""
+    sections = registry.sections()
+    if sections not in _MODELS:
         fields: dict[str, Any] = {
             "profile": (str, ...),
             "seeds": (list[int], Field(min_length=1, description="training seeds: every "
@@ -95,10 +96,11 @@ def params_model() -> type[Params]:
             "data": (DataConfig, ...),
             "model": (ModelConfig, ...),
         }
-        fields |= {s.key: (s.config_class(), ...) for s in registry.sections()}
+        fields |= {s.key: (s.config_class(), ...) for s in sections}
         fields["stats"] = (StatsConfig, StatsConfig())
-        _MODEL = create_model("Params", __base__=Params, __module__=__name__, **fields)
-    return _MODEL
+        _MODELS[sections] = create_model("Params", __base__=Params, __module__=__name__,
+                                         **fields)
+    return _MODELS[sections]
 
 
 def validate_profile(raw: dict[str, Any], profile: str | None, where: str) -> Params:

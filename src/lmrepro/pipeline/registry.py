@@ -1,32 +1,26 @@
-"""What the wings register with the shared pipeline: their methods' roles, the comparisons
-(pairings) between roles, each analysis stage's reference roles, their parameter sections and
-their claims.
+"""The wings' vocabulary, as the pipeline reads it: their methods' roles, the comparisons
+(pairings) between roles, each analysis stage's reference roles, their parameter sections, their
+claims, table columns and parts of the index.
 
-The pipeline names no method of either paper: a wing (``lmrepro.baseline``, ``lmrepro.scape``,
-``lmrepro.rgc``) declares its vocabulary in its ``wing`` module by calling the ``register_*``
-functions below at import time, the way ``lmrepro.cli`` lets each wing register its
-subcommands. One module above the pipeline and the wings, :mod:`lmrepro.wings`, imports every
-wing's ``wing`` module, in the order that fixes the order of every registered list (baseline,
-SCAPE, RGC). Dependencies point downwards only: a wing imports the pipeline, never the reverse.
-
-The pipeline's functions that need the vocabulary call :func:`load_wings` first, which imports
-:mod:`lmrepro.wings` by name (the pipeline's one dynamic import: the composition it may not import
-statically without an import cycle); ``lmrepro.cli`` and tests may import :mod:`lmrepro.wings`
-themselves.
+The pipeline names no method of either paper. Each wing (``lmrepro.baseline``, ``lmrepro.scape``,
+``lmrepro.rgc``) declares what it adds as one value, a :class:`Wing` (its ``wing`` module's
+``WING``); :mod:`lmrepro.wings` lists them, and the program that runs the pipeline (the
+``lmrepro`` command, a notebook's first cell, the tests) hands that list to :func:`install`.
+Nothing registers when a module is imported, and nothing here imports a wing: dependencies point
+downwards only, from the composition to the wings to the pipeline. The order of the list is the
+order of every list read here (the methods in error messages, the parameter sections, the
+pairings, the claims table): baseline, SCAPE, RGC.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lmrepro.errors import ParameterError, check
-
-#: the composition module that imports every wing's registrations
-WINGS_MODULE = "lmrepro.wings"
-
+from lmrepro.results import RunDetails, use_details_models
 
 @dataclass(frozen=True)
 class Role:
@@ -74,90 +68,134 @@ class Report:
     the papers' suites at 0, the baseline after them) and the result files whose sha256 the index
     records: training ``metrics``, ``analyses`` (``analysis.json``) and ``extra`` files."""
 
-    wing: str
     scale: Callable[[Mapping[str, Any], Mapping[str, int]], str | None] | None = None
     rank: int = 0
     metrics: tuple[str, ...] = ()
     analyses: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
+    wing: str = ""
 
 
-_METHODS: dict[str, dict[str | None, str]] = {}      # method -> {executor: role}
-_ROLES: dict[str, Role] = {}
-_PAIRINGS: list[tuple[str, str]] = []
-_STAGES: dict[str, tuple[str, str | None]] = {}
-_RECORDS: list[str] = []                             # stages that only feed the claims
-_SECTIONS: dict[str, Section] = {}
-_REPORTS: list[Report] = []
-_TABLES: list[str] = []                              # modules holding COLUMNS and PRESETS
-_CLAIMS: list[str] = []                              # modules holding CLAIMS
-_loaded = False
+@dataclass(frozen=True)
+class Wing:
+    """What one wing adds to the pipeline, declared once in its ``wing`` module as ``WING``:
+
+    * ``roles``: each maps a summary's method with each of its executors to a role (RGC splits
+      by executor: a run without one is refused);
+    * ``pairings``: ``(candidate role, baseline role)`` pairs, which roles a comparison judges
+      against which (docs/statistics.md);
+    * ``analyses``: each analysis stage (``results/<stage>/runs``) with the reference roles of
+      its tables: throughput and memory, and communication (None: no communication table);
+    * ``records``: stages whose ``results/analysis/<stage>/analysis.json`` the claims read
+      although they are no analysis stage (e.g. a training-length study's verdict point);
+    * ``section``: its section of the parameter file;
+    * ``details``: method -> the :class:`~lmrepro.results.RunDetails` class its runs' details
+      are read as;
+    * ``claims``: the module holding its ``CLAIMS``
+      (:class:`lmrepro.pipeline.claims.Claim`, in table order), and ``tables``: the module
+      holding its table vocabulary, ``COLUMNS`` (name -> :class:`lmrepro.pipeline.tables.Column`)
+      and ``PRESETS`` (name -> column names). Both are named by module and imported when first
+      read, so that what needs only the roles (a training stage) loads neither;
+    * ``report``: its part of the index (:class:`Report`);
+    * ``commands``: the modules whose ``register(subparsers)`` add its subcommands to the
+      ``lmrepro`` command.
+    """
+
+    name: str
+    roles: tuple[Role, ...] = ()
+    pairings: tuple[tuple[str, str], ...] = ()
+    analyses: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
+    records: tuple[str, ...] = ()
+    section: Section | None = None
+    details: Mapping[str, type[RunDetails]] = field(default_factory=dict)
+    claims: str | None = None
+    tables: str | None = None
+    report: Report | None = None
+    commands: tuple[str, ...] = ()
 
 
-def load_wings() -> None:
-    """Import :data:`WINGS_MODULE` (once), so that every wing's registrations have run."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        importlib.import_module(WINGS_MODULE)
+@dataclass(frozen=True)
+class _Vocabulary:
+    """What :func:`install` reads from the wings, in their order."""
+
+    wings: tuple[Wing, ...]
+    methods: Mapping[str, Mapping[str | None, str]]       # method -> {executor: role}
+    roles: Mapping[str, Role]
+    pairings: tuple[tuple[str, str], ...]
+    stages: Mapping[str, tuple[str, str | None]]
+    records: tuple[str, ...]                              # stages that only feed the claims
+    sections: tuple[Section, ...]
 
 
-def register_roles(wing: str, *roles: Role) -> None:
-    """Register ``roles``: each maps a summary's method with each of its executors to the role
-    (RGC splits by executor: a run without one is refused)."""
-    for role in roles:
-        check(role.name not in _ROLES, "role", role.name, "must be registered once")
-        _ROLES[role.name] = Role(**{**role.__dict__, "wing": wing})
-        for executor in role.executors:
-            _METHODS.setdefault(role.method, {})[executor] = role.name
+_installed: _Vocabulary | None = None
 
 
-def register_pairings(wing: str, pairings: Sequence[tuple[str, str]]) -> None:
-    """Register ``(candidate role, baseline role)`` pairs: which roles a comparison judges
-    against which (docs/statistics.md)."""
-    for cand, base in pairings:
-        check(cand in _ROLES and base in _ROLES, f"{wing} pairing", (cand, base),
-              f"must name registered roles: {sorted(_ROLES)}")
-        _PAIRINGS.append((cand, base))
+def _roles_of(wings: Sequence[Wing]) -> tuple[dict[str, Role], dict[str, dict[str | None, str]]]:
+    roles: dict[str, Role] = {}
+    methods: dict[str, dict[str | None, str]] = {}
+    for wing in wings:
+        for role in wing.roles:
+            check(role.name not in roles, "role", role.name, "must be registered once")
+            roles[role.name] = replace(role, wing=wing.name)
+            for executor in role.executors:
+                methods.setdefault(role.method, {})[executor] = role.name
+    return roles, methods
 
 
-def register_stage(stage: str, throughput: str, communication: str | None = None) -> None:
-    """Register an analysis stage (``results/<stage>/runs``) with the reference roles of its
-    tables: throughput and memory, and communication (None: no communication table)."""
-    check(stage not in _STAGES, "stage", stage, "must be registered once")
-    _STAGES[stage] = (throughput, communication)
+def _vocabulary(wings: Sequence[Wing]) -> _Vocabulary:
+    roles, methods = _roles_of(wings)
+    pairings: list[tuple[str, str]] = []
+    stages: dict[str, tuple[str, str | None]] = {}
+    records: list[str] = []
+    sections: dict[str, Section] = {}
+    for wing in wings:
+        for cand, base in wing.pairings:
+            check(cand in roles and base in roles, f"{wing.name} pairing", (cand, base),
+                  f"must name registered roles: {sorted(roles)}")
+            pairings.append((cand, base))
+        for stage, references in wing.analyses.items():
+            check(stage not in stages, "stage", stage, "must be registered once")
+            stages[stage] = references
+        for stage in wing.records:
+            check(stage not in records and stage not in stages, "stage", stage,
+                  "must be registered once")
+            records.append(stage)
+        if wing.section is not None:
+            key = wing.section.key
+            check(key not in sections, "section", key, "must be registered once")
+            sections[key] = replace(wing.section, wing=wing.name)
+    return _Vocabulary(tuple(wings), methods, roles, tuple(pairings), stages, tuple(records),
+                       tuple(sections.values()))
 
 
-def register_records(stage: str) -> None:
-    """Register a stage whose ``results/analysis/<stage>/analysis.json`` the claims read although
-    it is no :func:`register_stage` analysis (e.g. the training-length study's verdict point)."""
-    check(stage not in _RECORDS and stage not in _STAGES, "stage", stage,
-          "must be registered once")
-    _RECORDS.append(stage)
+def install(wings: Sequence[Wing]) -> None:
+    """Make ``wings`` (:data:`lmrepro.wings.WINGS`) the vocabulary every function below reads,
+    and their details classes the ones run summaries are read as. Checked as a whole (a role,
+    stage or section declared twice, a pairing naming no role is refused, and the vocabulary
+    installed before stays); installing the same list again changes nothing."""
+    global _installed
+    vocabulary = _vocabulary(wings)
+    details: dict[str, type[RunDetails]] = {}
+    for wing in wings:
+        for method, model in wing.details.items():
+            check(details.get(method, model) is model, "details model", method,
+                  f"is registered twice ({details.get(method)} and {model})")
+            details[method] = model
+    use_details_models(details)
+    _installed = vocabulary
 
 
-def register_section(wing: str, key: str, config: str,
-                     corpora: Callable[[Any], Sequence[tuple[str, str]]]) -> None:
-    """Register a wing's section ``key`` of the parameter file, validated by the class
-    ``config`` (``"module:Class"``: imported when the schema is built, so what needs only the
-    roles does not load the wings' configurations), with the corpora it trains on."""
-    check(key not in _SECTIONS, "section", key, "must be registered once")
-    _SECTIONS[key] = Section(key, config, corpora, wing)
+def _vocab() -> _Vocabulary:
+    if _installed is None:
+        raise RuntimeError("no wings are installed: the program that runs the pipeline hands "
+                           "them to lmrepro.pipeline.registry.install (the lmrepro command, a "
+                           "notebook's start and the tests install lmrepro.wings.WINGS)")
+    return _installed
 
 
-def register_tables(wing: str, module: str) -> None:
-    """Register a wing's table vocabulary: ``module`` holds ``COLUMNS`` (name ->
-    :class:`lmrepro.pipeline.tables.Column`) and ``PRESETS`` (name -> column names), imported when
-    a table first needs them."""
-    _TABLES.append(module)
-
-
-def register_claims(wing: str, module: str) -> None:
-    """Register a wing's claims: ``module`` (e.g. ``"lmrepro.scape.claims"``) holds them as
-    ``CLAIMS`` (:class:`lmrepro.pipeline.claims.Claim`, in table order). The module is imported
-    when the claims are first asked for, so what needs only the roles (a training stage) does not
-    load the claims and their measures."""
-    _CLAIMS.append(module)
+def wings() -> tuple[Wing, ...]:
+    """The installed wings, in their order."""
+    return _vocab().wings
 
 
 def parameter_count(n_params: Mapping[str, int], stage: str) -> str:
@@ -167,44 +205,36 @@ def parameter_count(n_params: Mapping[str, int], stage: str) -> str:
     return f", {n / 1e6:.2f}M parameters" if n else ""
 
 
-def register_report(report: Report) -> None:
-    """Register what a wing adds to the index (:class:`Report`)."""
-    _REPORTS.append(report)
-
-
 # --------------------------------------------------------------------------------------------
 # What the pipeline reads
 # --------------------------------------------------------------------------------------------
 
 def methods() -> tuple[str, ...]:
-    load_wings()
-    return tuple(_METHODS)
+    return tuple(_vocab().methods)
 
 
 def roles() -> Mapping[str, Role]:
-    load_wings()
-    return dict(_ROLES)
+    return dict(_vocab().roles)
 
 
 def role(name: str) -> Role:
     """The registered role ``name``."""
-    load_wings()
-    check(name in _ROLES, "role", name, f"must be one of {sorted(_ROLES)}")
-    return _ROLES[name]
+    known = _vocab().roles
+    check(name in known, "role", name, f"must be one of {sorted(known)}")
+    return known[name]
 
 
 def is_role(name: str) -> bool:
-    load_wings()
-    return name in _ROLES
+    return name in _vocab().roles
 
 
 def role_of(method: str, executor: str | None = None, where: str = "") -> str:
-    """The role of a run of ``method`` with ``executor`` (see :func:`register_roles`)."""
-    load_wings()
-    if not isinstance(method, str) or method not in _METHODS:
-        raise ParameterError(f"{where}method", method, f"must be one of {list(_METHODS)} "
+    """The role of a run of ``method`` with ``executor`` (see :attr:`Wing.roles`)."""
+    known = _vocab().methods
+    if not isinstance(method, str) or method not in known:
+        raise ParameterError(f"{where}method", method, f"must be one of {list(known)} "
                              "(the methods the wings register)")
-    by_executor = _METHODS[method]
+    by_executor = known[method]
     allowed = list(by_executor)
     check(executor in by_executor, f"{where}executor", executor,
           f"must be one of {allowed} for method {method!r}")
@@ -226,58 +256,48 @@ def sparse_roles() -> tuple[str, ...]:
 
 
 def pairings() -> tuple[tuple[str, str], ...]:
-    load_wings()
-    return tuple(_PAIRINGS)
+    """Which candidate roles are judged against which baseline roles (docs/statistics.md: "The
+    same test judges SCAPE vs dense AdamW/AdamS and RGC vs global backprop"), as
+    ``(candidate role, baseline role)`` pairs."""
+    return _vocab().pairings
 
 
 def stages() -> Mapping[str, tuple[str, str | None]]:
-    load_wings()
-    return dict(_STAGES)
+    """Each analysis stage's reference roles: throughput and memory, communication."""
+    return dict(_vocab().stages)
 
 
 def record_stages() -> tuple[str, ...]:
     """Every stage whose ``analysis.json`` the claims read: the analysis stages, then the
-    others (:func:`register_records`)."""
-    load_wings()
-    return (*_STAGES, *_RECORDS)
+    others (:attr:`Wing.records`)."""
+    vocabulary = _vocab()
+    return (*vocabulary.stages, *vocabulary.records)
 
 
 def sections() -> tuple[Section, ...]:
-    load_wings()
-    return tuple(_SECTIONS.values())
+    return _vocab().sections
 
 
 def reports() -> tuple[Report, ...]:
-    """The wings' :class:`Report` s, in registration order."""
-    load_wings()
-    return tuple(_REPORTS)
+    """The wings' :class:`Report` s, in the wings' order."""
+    return tuple(replace(w.report, wing=w.name) for w in _vocab().wings if w.report is not None)
 
 
 def columns() -> Mapping[str, Any]:
-    """The columns the wings register (:func:`register_tables`)."""
-    load_wings()
-    return {k: v for m in _TABLES for k, v in importlib.import_module(m).COLUMNS.items()}
+    """The columns the wings declare (:attr:`Wing.tables`)."""
+    return {k: v for m in _table_modules() for k, v in importlib.import_module(m).COLUMNS.items()}
 
 
 def presets() -> Mapping[str, list[str]]:
-    """The table presets the wings register (:func:`register_tables`)."""
-    load_wings()
-    return {k: v for m in _TABLES for k, v in importlib.import_module(m).PRESETS.items()}
+    """The table presets the wings declare (:attr:`Wing.tables`)."""
+    return {k: v for m in _table_modules() for k, v in importlib.import_module(m).PRESETS.items()}
+
+
+def _table_modules() -> tuple[str, ...]:
+    return tuple(w.tables for w in _vocab().wings if w.tables)
 
 
 def claims() -> tuple[Any, ...]:
-    """Every registered claim, in the order the wings registered their modules."""
-    load_wings()
-    return tuple(c for module in _CLAIMS for c in importlib.import_module(module).CLAIMS)
-
-
-def role_constant(name: str, module: str) -> Any:
-    """A module ``__getattr__`` for the names the pipeline's modules exported before the wings
-    owned their roles: ``ROLE_<ROLE>`` (e.g. ``ROLE_SCAPE``), ``SPARSE`` and ``DATA_PARALLEL``."""
-    if name == "SPARSE":
-        return sparse_roles()
-    if name == "DATA_PARALLEL":
-        return data_parallel_roles()
-    if name.startswith("ROLE_") and is_role(name.removeprefix("ROLE_").lower()):
-        return name.removeprefix("ROLE_").lower()
-    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    """Every claim the wings declare, in the wings' order."""
+    return tuple(c for w in _vocab().wings if w.claims
+                 for c in importlib.import_module(w.claims).CLAIMS)

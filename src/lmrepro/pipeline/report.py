@@ -52,7 +52,7 @@ RESOLVED_PARAMS = "results/params.json"
 
 
 def analyses() -> tuple[str, ...]:
-    """The ``analysis.json`` files the wings register
+    """The ``analysis.json`` files the wings declare
     (:class:`lmrepro.pipeline.registry.Report`)."""
     return tuple(f for r in registry.reports() for f in r.analyses)
 
@@ -65,15 +65,6 @@ def result_files() -> tuple[str, ...]:
     return (RESOLVED_PARAMS, *(f for r in reports for f in r.metrics), *analyses(),
             CLAIMS_CSV, "results/analysis/claims.json", FOREST_PNG,
             *(f for r in reports for f in r.extra))
-
-
-def __getattr__(name: str) -> Any:
-    """``RESULT_FILES`` and ``ANALYSES``: :func:`result_files` and :func:`analyses`."""
-    if name == "RESULT_FILES":
-        return result_files()
-    if name == "ANALYSES":
-        return analyses()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------------------

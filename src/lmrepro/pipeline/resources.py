@@ -220,7 +220,7 @@ def _mean_or_none(values: Sequence[int | None]) -> float | None:
 
 def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceRecord]:
     """Speed and memory of each configuration pair of
-    :data:`~lmrepro.pipeline.comparisons.DEFAULT_PAIRINGS` (same setting, runs paired by seed),
+    :func:`~lmrepro.pipeline.registry.pairings` (same setting, runs paired by seed),
     averaged over seeds, with the timing spread; ``cores``: the machine's cores (None: no
     oversubscription check)."""
     out = []

@@ -4,7 +4,7 @@ Every function of the analysis takes ``runs``: a mapping ``run name -> run direc
 already loaded :class:`Run`) in the layout of :mod:`lmrepro.results`.
 
 Roles. Comparisons and claims need to know what a run is: its role is a pure function of the
-summary's ``method`` and, for RGC runs, its ``executor`` (:func:`run_role`), as the wings register
+summary's ``method`` and, for RGC runs, its ``executor`` (:func:`run_role`), as the wings declare
 it (:mod:`lmrepro.pipeline.registry`: the pipeline names no method). Baselines are picked by
 role, never by run name, so renaming a run changes no table.
 
@@ -32,14 +32,8 @@ from lmrepro.results import (EVAL_LOSSES, EVAL_LOSSES_TEST, METRICS, SUMMARY, Ru
 GIB = float(1 << 30)
 
 
-def __getattr__(name: str) -> Any:
-    """``ROLE_<ROLE>``, ``SPARSE`` and ``DATA_PARALLEL``: the roles the wings register
-    (:mod:`lmrepro.pipeline.registry`), under the names this module exported before."""
-    return registry.role_constant(name, __name__)
-
-
 def run_role(method: str, executor: str | None = None, where: str = "") -> str:
-    """The role of a run: the role a wing registered for its ``method`` and ``executor``
+    """The role of a run: the role a wing declares for its ``method`` and ``executor``
     (:func:`lmrepro.pipeline.registry.role_of`; e.g. RGC splits by ``executor`` into
     ``rgc_async`` / ``rgc_sync``). An unknown method, an RGC run without an async/sync executor or
     another method with an executor other than its own is refused (``where`` prefixes the

@@ -1,4 +1,4 @@
-"""The first code cell of every notebook: ``params = start(params_file, profile)``.
+"""The first code cell of every notebook: ``params = start(params_file, profile, wings=WINGS)``.
 
 :func:`start` makes a notebook run the same way from ``notebooks/`` (as ``jupyter lab`` opens it),
 from the project root (as the pipeline runs it) or from anywhere below the root:
@@ -13,6 +13,7 @@ from the project root (as the pipeline runs it) or from anywhere below the root:
   else at WARNING (no matplotlib chatter);
 * figures render inline: a :class:`matplotlib.figure.Figure` returned by a cell (the package's
   plots are built without pyplot) is shown as a PNG, and pyplot uses the inline backend;
+* it installs the wings it is given (the pipeline's vocabulary: :mod:`lmrepro.pipeline.registry`);
 * it reads and validates the parameter file (every profile) and returns the active profile's
   :class:`~lmrepro.pipeline.params.Params`.
 
@@ -27,12 +28,14 @@ import logging
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lmrepro.errors import ParameterError
 from lmrepro.pipeline.notebook import INLINE_BACKEND, REPORT_ENV
 from lmrepro.pipeline.params import Params, load_params
+from lmrepro.pipeline.registry import Wing, install
 
 ROOT_MARKERS = ("params.yaml", "dvc.yaml")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -131,10 +134,13 @@ def configure_figures() -> None:
     shell.display_formatter.formatters["image/png"].for_type(Figure, _figure_png)
 
 
-def start(params_file: str | os.PathLike | None = None, profile: str | None = None) -> Params:
-    """Set up a notebook (see the module docstring) and return the validated parameters of
-    ``profile`` (default: the file's ``profile``) of ``params_file`` (default: the project's
-    ``params.yaml``)."""
+def start(params_file: str | os.PathLike | None = None, profile: str | None = None, *,
+          wings: Sequence[Wing]) -> Params:
+    """Set up a notebook (see the module docstring), install ``wings``
+    (:data:`lmrepro.wings.WINGS`, :func:`lmrepro.pipeline.registry.install`) and return the
+    validated parameters of ``profile`` (default: the file's ``profile``) of ``params_file``
+    (default: the project's ``params.yaml``)."""
+    install(wings)
     cwd = Path.cwd()
     root = find_project_root(cwd)
     path = resolve_params_file(params_file, root, cwd)

@@ -69,7 +69,8 @@ from lmrepro.rgc import events as events_mod
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.wire import (POLL_S, Failed, Finished, Message, PartSaved, Ready, Started,
                               StateAfter, StepDone, WorkerEvents, by_reference, stalled_stage)
-from lmrepro.rgc.worker import WorkerArgs, _stage_worker
+from lmrepro.rgc.worker import WorkerArgs
+from lmrepro.rgc.worker_process import _stage_worker
 from lmrepro.rgc.worker_stages import worker_state_names
 
 
@@ -95,7 +96,7 @@ def _mp_context() -> Any:
         return mp.get_context("spawn")
     # torch._dynamo is imported by the first optimizer construction (~3 s per process)
     ctx.set_forkserver_preload(["torch", "torch._dynamo", "torch.optim", "torch.distributed",
-                                "lmrepro.rgc.worker"])
+                                "lmrepro.rgc.worker_process"])
     return ctx
 
 

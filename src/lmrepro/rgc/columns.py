@@ -1,6 +1,6 @@
 """The RGC wing's table vocabulary: the columns of its training-length study's tables
-(:data:`lmrepro.rgc.scaling_report.DISPLAY`, notebook 13), registered with the pipeline by
-:mod:`lmrepro.rgc.wing`; the study columns every wing shares are
+(:data:`lmrepro.rgc.scaling_report.DISPLAY`, notebook 13), declared to the pipeline by
+:mod:`lmrepro.rgc.wing` (``Wing.tables``); the study columns every wing shares are
 :data:`lmrepro.pipeline.tables.COLUMNS`'."""
 
 from __future__ import annotations

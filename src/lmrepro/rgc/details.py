@@ -1,5 +1,5 @@
 """The facts an RGC-suite run records beyond the common run record (``RunSummary.details``),
-registered for method ``rgc`` by :mod:`lmrepro.rgc.wing`; the suite's backprop runs record the
+declared for method ``rgc`` by :mod:`lmrepro.rgc.wing`; the suite's backprop runs record the
 same (their RGC-only facts ``None``)."""
 
 from __future__ import annotations

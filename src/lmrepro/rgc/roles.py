@@ -1,5 +1,5 @@
 """The RGC wing's roles in the analysis: a run of method ``rgc`` is ``rgc_async`` or ``rgc_sync``
-by its executor. Registered by :mod:`lmrepro.rgc.wing`."""
+by its executor. Declared to the pipeline by :mod:`lmrepro.rgc.wing`."""
 
 import enum
 
@@ -14,6 +14,6 @@ class RGCMethod(enum.StrEnum):
 METHOD_RGC = RGCMethod.RGC.value
 ROLE_RGC_ASYNC = "rgc_async"
 ROLE_RGC_SYNC = "rgc_sync"
-#: the role the RGC runs are judged against: global backprop, registered by the baseline wing
+#: the role the RGC runs are judged against: global backprop, declared by the baseline wing
 #: (``lmrepro.baseline.roles``; a wing does not import another, so the name is repeated here)
 ROLE_BACKPROP = RGCMethod.BACKPROP.value

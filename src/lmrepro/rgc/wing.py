@@ -1,38 +1,19 @@
-"""What the RGC wing registers with the pipeline (:mod:`lmrepro.pipeline.registry`): its roles
+"""What the RGC wing adds to the pipeline (:class:`lmrepro.pipeline.registry.Wing`): its roles
 (method ``rgc`` split by executor), their comparison with global backprop, the reference role of
-the ``rgc`` analysis, the ``rgc:`` section of the parameter file and its claims."""
+the ``rgc`` analysis, the ``rgc:`` section of the parameter file, its claims, table columns, part
+of the index and subcommands."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from lmrepro.pipeline.registry import (Report, Role, parameter_count, register_claims,
-                                       register_pairings, register_records, register_report,
-                                       register_roles, register_section, register_stage,
-                                       register_tables)
-from lmrepro.results import register_details
+from lmrepro.pipeline.registry import Report, Role, Section, Wing, parameter_count
 from lmrepro.rgc.details import RGCDetails
 from lmrepro.rgc.roles import METHOD_RGC, ROLE_BACKPROP, ROLE_RGC_ASYNC, ROLE_RGC_SYNC
 
-WING = "rgc"
-
 # labels show the horizon H and the consensus staleness s (RGCDetails)
 LABEL_DETAILS = (("H", "horizon"), ("s", "consensus_staleness"))
-register_roles(WING, Role(ROLE_RGC_ASYNC, METHOD_RGC, executors=("async",), label_executor=True,
-                          label_details=LABEL_DETAILS),
-               Role(ROLE_RGC_SYNC, METHOD_RGC, executors=("sync",), label_executor=True,
-                    label_details=LABEL_DETAILS))
-# docs/statistics.md: "... and RGC vs global backprop"
-register_pairings(WING, ((ROLE_RGC_ASYNC, ROLE_BACKPROP), (ROLE_RGC_SYNC, ROLE_BACKPROP)))
-register_stage("rgc", ROLE_BACKPROP, None)
-register_section(WING, "rgc", "lmrepro.rgc.config:RGCSuite",
-                 lambda s: [(f"rgc.corpora[{i}]", c) for i, c in enumerate(s.corpora)])
-register_claims(WING, "lmrepro.rgc.claims")
-register_details([METHOD_RGC], RGCDetails)
-register_tables(WING, "lmrepro.rgc.columns")
-# the training-length study (lmrepro rgc-scaling): its verdict point feeds the claims
-register_records("rgc_scaling")
 
 
 def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
@@ -56,5 +37,23 @@ def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
             f"{len(study.get('verdict_seeds') or [])} seeds")
 
 
-register_report(Report(WING, scale, metrics=("results/rgc/metrics.json",),
-                       analyses=("results/analysis/rgc/analysis.json",)))
+WING = Wing(
+    "rgc",
+    roles=(Role(ROLE_RGC_ASYNC, METHOD_RGC, executors=("async",), label_executor=True,
+                label_details=LABEL_DETAILS),
+           Role(ROLE_RGC_SYNC, METHOD_RGC, executors=("sync",), label_executor=True,
+                label_details=LABEL_DETAILS)),
+    # docs/statistics.md: "... and RGC vs global backprop"
+    pairings=((ROLE_RGC_ASYNC, ROLE_BACKPROP), (ROLE_RGC_SYNC, ROLE_BACKPROP)),
+    analyses={"rgc": (ROLE_BACKPROP, None)},
+    # the training-length study (lmrepro rgc-scaling): its verdict point feeds the claims
+    records=("rgc_scaling",),
+    section=Section("rgc", "lmrepro.rgc.config:RGCSuite",
+                    lambda s: [(f"rgc.corpora[{i}]", c) for i, c in enumerate(s.corpora)]),
+    details={METHOD_RGC: RGCDetails},
+    claims="lmrepro.rgc.claims",
+    tables="lmrepro.rgc.columns",
+    report=Report(scale, metrics=("results/rgc/metrics.json",),
+                  analyses=("results/analysis/rgc/analysis.json",)),
+    commands=("lmrepro.rgc.cli",),
+)

@@ -1,13 +1,12 @@
 """One async stage worker (a process): its side of the protocol with the parent and its
 neighbours (:class:`StageWorker`, :mod:`lmrepro.rgc.wire`) around its stages' compute
 (:class:`lmrepro.rgc.worker_stages.WorkerStages`); docs/rgc.md describes the data flow of a
-step, in lockstep and running ahead."""
+step, in lockstep and running ahead. The worker process's body is
+:mod:`lmrepro.rgc.worker_process`."""
 
 from __future__ import annotations
 
-import datetime
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +16,7 @@ import torch
 import torch.distributed as dist
 
 from lmrepro.data.batches import sample_batch
-from lmrepro.lifetime import (die_with_multiprocessing_parent, fault_armed, fault_point,
-                              set_fault_spec)
+from lmrepro.lifetime import fault_armed, fault_point
 from lmrepro.optim.comm import grads_to_flat
 from lmrepro.results import save_part
 from lmrepro.rgc.common import (ConsensusQueue, batch_generator, cadence, lr_at,
@@ -27,9 +25,8 @@ from lmrepro.rgc.common import (ConsensusQueue, batch_generator, cadence, lr_at,
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.events import EventLog
 from lmrepro.rgc.stages import decoder_parameters, stage_parameter_names
-from lmrepro.rgc.wire import (Channels, Failed, Finished, MappedBytes, PartSaved, Ready, Started,
-                              StateAfter, StepDone, Stopped, WorkerEvents, received, tagged,
-                              untag)
+from lmrepro.rgc.wire import (Channels, MappedBytes, PartSaved, StateAfter, StepDone, WorkerEvents,
+                              received, tagged, untag)
 from lmrepro.rgc.worker_stages import WorkerStages, own_stages_model
 
 
@@ -281,45 +278,3 @@ class StageWorker:
             payload["in_flight"] = {"graphs": self.runner.in_flight(), "sent": list(self.sent)}
         return payload
 
-
-def _stage_worker(a: WorkerArgs) -> None:
-    """Body of worker ``a.w``'s process: the protocol with the parent (:mod:`lmrepro.rgc.wire`).
-    Every failure goes to the parent as :class:`Failed`, with its traceback."""
-    die_with_multiprocessing_parent()      # ends with the run's process (docs/reliability.md)
-    set_fault_spec(a.faults)
-    worker: StageWorker | None = None
-    stages: list[int] = []
-    try:
-        cfg = RGCConfig(**a.cfg_dict)
-        stages = cfg.placement[a.w]
-        torch.set_num_threads(cfg.worker_threads[a.w])
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.w,
-            world_size=cfg.n_workers, timeout=datetime.timedelta(seconds=cfg.timeout_s))
-        # the parent measures the tree now, with every worker's runtime up and no data yet
-        a.results.put(Started(a.w))
-        if not a.go.wait(timeout=cfg.timeout_s):
-            raise TimeoutError(f"the parent did not start the run within "
-                               f"{cfg.timeout_s:.0f} s (rgc.timeout_s)")
-        if a.kind == "rgc":
-            worker = StageWorker(a, cfg)
-        else:
-            from lmrepro.rgc.pipelined import PipelinedWorker
-            worker = PipelinedWorker(a, cfg)
-        a.results.put(Ready(a.w))
-        worker.train()
-        a.results.put(Finished(a.w))
-        a.finish.wait(timeout=cfg.timeout_s)
-    except Stopped:
-        pass
-    except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
-        stage = (worker.runner.current_stage if worker is not None
-                 else (stages[0] if stages else a.w))
-        a.results.put(Failed(a.w, stage, traceback.format_exc(), getattr(exc, "peer", None)))
-        a.finish.wait(timeout=30)
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
-                pass

@@ -1,4 +1,4 @@
-"""What the SCAPE authors' own logs measured (issue 28): step times per run and density phase,
+"""What the SCAPE authors' own logs measured: step times per run and density phase,
 the per-step speedup over dense AdamS of the same model and world size, SCAPE against dense lm
 loss at matched iterations, and where the logs stop. Pure functions of the table of
 :mod:`lmrepro.scape.authors_logs` (one row per logged iteration).

@@ -1,4 +1,4 @@
-"""The SCAPE authors' Megatron-LM training logs as one tidy table (issue 28).
+"""The SCAPE authors' Megatron-LM training logs as one tidy table.
 
 The authors' public repository (``mz687/SCAPE_SC26``, ``slurm_scripts/vista/``) stores the
 ``.out`` logs of their runs on TACC Vista. A Megatron log is read line by line:

@@ -1,5 +1,5 @@
 """The report section "What the authors' logs measured" (``notebooks/09_steptime.ipynb``, the
-``steptime`` stage) and the evidence the claims table takes from the logs (issue 28).
+``steptime`` stage) and the evidence the claims table takes from the logs.
 
 :func:`evidence` computes everything once from the committed table of the SCAPE authors' Vista
 logs (:func:`lmrepro.scape.authors_logs.load_vista_table`): step times per run and density

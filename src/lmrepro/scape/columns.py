@@ -1,6 +1,6 @@
 """The SCAPE wing's table vocabulary: the columns and presets of the step-time model's tables
-(:mod:`lmrepro.scape.steptime_report`, notebook 09), registered with the pipeline by
-:mod:`lmrepro.scape.wing` (:func:`lmrepro.pipeline.registry.register_tables`) and read by
+(:mod:`lmrepro.scape.steptime_report`, notebook 09), declared to the pipeline by
+:mod:`lmrepro.scape.wing` (:attr:`lmrepro.pipeline.registry.Wing.tables`) and read by
 :func:`lmrepro.pipeline.tables.column` and :func:`~lmrepro.pipeline.tables.format_table`."""
 
 from __future__ import annotations

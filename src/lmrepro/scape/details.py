@@ -1,5 +1,5 @@
 """The facts a SCAPE-suite run records beyond the common run record (``RunSummary.details``),
-registered for the wing's methods by :mod:`lmrepro.scape.wing`."""
+declared for the wing's methods by :mod:`lmrepro.scape.wing`."""
 
 from __future__ import annotations
 

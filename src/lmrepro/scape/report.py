@@ -28,7 +28,7 @@ from lmrepro.rundirs import collect_runs
 from lmrepro.scape.details import ScapeDetails
 
 SPARSE_METHODS = ("scape", "scape_stale_m", "topk", "topk_adamw")
-COMMON_LR = 2e-3     # the one lr every method ran at before issue 11 (AdamW's)
+COMMON_LR = 2e-3     # the common lr the sweep's findings compare against (AdamW's)
 BEGIN, END = "<!-- scape-report:begin -->", "<!-- scape-report:end -->"
 LABELS = {"adamw": "dense AdamW", "adams": "dense AdamS", "scape": "SCAPE (ef_momentum)",
           "scape_stale_m": "SCAPE-stale_m", "topk": "top-k + EF on AdamS",

@@ -1,5 +1,5 @@
-"""The SCAPE wing's roles in the analysis (each the summary's ``method``), registered by
-:mod:`lmrepro.scape.wing`."""
+"""The SCAPE wing's roles in the analysis (each the summary's ``method``), declared to the
+pipeline by :mod:`lmrepro.scape.wing`."""
 
 import enum
 

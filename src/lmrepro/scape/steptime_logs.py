@@ -1,5 +1,5 @@
 """The step-time model (:mod:`lmrepro.scape.steptime`) fitted to the SCAPE authors' own step
-times (their Vista logs, :mod:`lmrepro.scape.authors_logs`; issue 28).
+times (their Vista logs, :mod:`lmrepro.scape.authors_logs`).
 
 * **Dense fit.** Dense AdamS on 4 and 32 ranks (one GH200 per node, ring all-reduce of fp32
   gradients, no overlap: the authors' flags) gives two equations linear in ``1 / MFU`` and

@@ -1,39 +1,17 @@
-"""What the SCAPE wing registers with the pipeline (:mod:`lmrepro.pipeline.registry`): its roles
+"""What the SCAPE wing adds to the pipeline (:class:`lmrepro.pipeline.registry.Wing`): its roles
 (the dense baselines and the sparse methods), which are judged against which, the reference
-roles of the ``scape`` analysis, the ``scape:`` section of the parameter file and its claims."""
+roles of the ``scape`` analysis, the ``scape:`` section of the parameter file, its claims, table
+columns, part of the index and subcommands."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from lmrepro.pipeline.registry import (Report, Role, parameter_count, register_claims,
-                                       register_pairings, register_records, register_report,
-                                       register_roles, register_section, register_stage,
-                                       register_tables)
-from lmrepro.results import register_details
+from lmrepro.pipeline.registry import Report, Role, Section, Wing, parameter_count
 from lmrepro.scape.details import ScapeDetails
 from lmrepro.scape.roles import (ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_SCAPE_STALE_M,
                                  ROLE_TOPK, ROLE_TOPK_ADAMW, SPARSE, ScapeMethod)
-
-WING = "scape"
-
-register_roles(WING, *(Role(name, name, data_parallel=True, sparse=name in SPARSE)
-                       for name in (ROLE_ADAMW, ROLE_ADAMS, ROLE_SCAPE, ROLE_SCAPE_STALE_M,
-                                    ROLE_TOPK, ROLE_TOPK_ADAMW)))
-# docs/statistics.md: "The same test judges SCAPE vs dense AdamW/AdamS"
-register_pairings(WING, (
-    (ROLE_SCAPE, ROLE_ADAMW), (ROLE_SCAPE, ROLE_ADAMS),
-    (ROLE_SCAPE_STALE_M, ROLE_ADAMW), (ROLE_SCAPE_STALE_M, ROLE_ADAMS),
-    (ROLE_TOPK, ROLE_ADAMW), (ROLE_TOPK, ROLE_ADAMS), (ROLE_TOPK_ADAMW, ROLE_ADAMW)))
-register_stage("scape", ROLE_ADAMW, ROLE_ADAMS)
-# the training-length study (lmrepro scaling): its verdict point feeds the claims
-register_records("scaling")
-register_section(WING, "scape", "lmrepro.scape.config:ScapeSuite",
-                 lambda s: [("scape.corpus", s.corpus)])
-register_claims(WING, "lmrepro.scape.claims")
-register_details(list(ScapeMethod), ScapeDetails)
-register_tables(WING, "lmrepro.scape.columns")
 
 
 def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
@@ -48,6 +26,25 @@ def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
             f"{scape.get('world_size')} workers, on {scape.get('corpus')}")
 
 
-register_report(Report(WING, scale, metrics=("results/scape/metrics.json",),
-                       analyses=("results/analysis/scape/analysis.json",),
-                       extra=("results/steptime/predictions.json",)))
+WING = Wing(
+    "scape",
+    roles=tuple(Role(name, name, data_parallel=True, sparse=name in SPARSE)
+                for name in (ROLE_ADAMW, ROLE_ADAMS, ROLE_SCAPE, ROLE_SCAPE_STALE_M,
+                             ROLE_TOPK, ROLE_TOPK_ADAMW)),
+    # docs/statistics.md: "The same test judges SCAPE vs dense AdamW/AdamS"
+    pairings=((ROLE_SCAPE, ROLE_ADAMW), (ROLE_SCAPE, ROLE_ADAMS),
+              (ROLE_SCAPE_STALE_M, ROLE_ADAMW), (ROLE_SCAPE_STALE_M, ROLE_ADAMS),
+              (ROLE_TOPK, ROLE_ADAMW), (ROLE_TOPK, ROLE_ADAMS), (ROLE_TOPK_ADAMW, ROLE_ADAMW)),
+    analyses={"scape": (ROLE_ADAMW, ROLE_ADAMS)},
+    # the training-length study (lmrepro scaling): its verdict point feeds the claims
+    records=("scaling",),
+    section=Section("scape", "lmrepro.scape.config:ScapeSuite",
+                    lambda s: [("scape.corpus", s.corpus)]),
+    details={m.value: ScapeDetails for m in ScapeMethod},
+    claims="lmrepro.scape.claims",
+    tables="lmrepro.scape.columns",
+    report=Report(scale, metrics=("results/scape/metrics.json",),
+                  analyses=("results/analysis/scape/analysis.json",),
+                  extra=("results/steptime/predictions.json",)),
+    commands=("lmrepro.scape.cli", "lmrepro.scape.predict_cli", "lmrepro.scape.authors_logs"),
+)
