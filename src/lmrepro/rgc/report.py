@@ -130,9 +130,11 @@ def excess_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
         base = [b for b in runs.values() if b.get("method") == "backprop"
                 and b.get("executor") == "backprop" and b.get("corpus") == s.get("corpus")
                 and b.get("seed") == s.get("seed")]
-        if s.get("executor") != "async" or not base or s.get("peak_pss_bytes") is None:
+        conf = s.get("config") or {}
+        # records made before the trainers shared one config layout carry no byte account
+        if s.get("executor") != "async" or not base or s.get("peak_pss_bytes") is None \
+                or "settings" not in conf:
             continue
-        conf = s["config"]
         cfg = RGCConfig(**{**conf["settings"], "model": conf["model"]})
         rss = explain_excess(cfg, dict(s), dict(base[0]), "rss")
         pss = explain_excess(cfg, dict(s), dict(base[0]), "pss")
