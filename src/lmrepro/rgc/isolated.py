@@ -17,7 +17,6 @@ splits, :func:`lmrepro.rgc.wire.by_reference`), by value otherwise.
 from __future__ import annotations
 
 import multiprocessing as mp
-import pickle
 import traceback
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from lmrepro.rgc.wire import MappedBytes, by_reference, received
 def _child(cfg: dict[str, Any], executor: str, data: dict[str, np.ndarray | MappedBytes | None],
            run_dir: str, corpus: str, name: str, seed: int, report: Any) -> None:
     """The fresh process: train the run into ``run_dir``; a failure goes back on ``report`` as
-    the pickled exception (where it pickles) and its traceback."""
+    its traceback, then the exception itself where the queue can carry it."""
     from lmrepro.rgc.common import mark_fresh_process
     from lmrepro.rgc.runner import train
 
@@ -42,14 +41,34 @@ def _child(cfg: dict[str, Any], executor: str, data: dict[str, np.ndarray | Mapp
         train(RGCConfig(**cfg), executor, received(data["train"]), received(data["val"]),
               run_dir, corpus, name, seed=seed, test_data=received(data["test"]))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+        report.put(("traceback", traceback.format_exc()))
         try:
-            blob: bytes | None = pickle.dumps(exc)
-            pickle.loads(blob)                   # an exception that cannot be rebuilt: text
-        except Exception:  # noqa: BLE001
-            blob = None
-        report.put((blob, traceback.format_exc()))
+            report.put(("exception", exc))
+        except Exception:  # noqa: BLE001 - an exception the queue cannot carry: text only
+            pass
         raise SystemExit(1) from None
     report.put(("ok",))
+
+
+def _drain(report: Any, into: list[tuple[Any, ...]]) -> None:
+    """Move what the child has put on ``report`` into ``into`` (a message that cannot be
+    rebuilt here, such as an exception whose class needs other arguments, is dropped)."""
+    while not report.empty():
+        try:
+            into.append(report.get())
+        except Exception:  # noqa: BLE001
+            continue
+
+
+def _failure(messages: list[tuple[Any, ...]]) -> tuple[BaseException | None, str]:
+    """A failed child's exception (None where it did not arrive) and its traceback."""
+    exc, text = None, "(no report: it died)"
+    for kind, *rest in messages:
+        if kind == "traceback":
+            text = rest[0]
+        elif kind == "exception":
+            exc = rest[0]
+    return exc, text
 
 
 def train_in_fresh_process(config: RGCConfig, executor: str, train_data: np.ndarray,
@@ -75,20 +94,17 @@ def train_in_fresh_process(config: RGCConfig, executor: str, train_data: np.ndar
     proc = ctx.Process(target=_child, name=f"rgc-run-{name}",
                        args=(cfg, executor, data, str(run_dir), corpus, name, seed, report))
     proc.start()
-    got = None                   # ("ok",) or (the pickled exception or None, its traceback)
-    while got is None:           # read while it runs: a long report must not fill the pipe
-        if not report.empty():
-            got = report.get()
-        elif not proc.is_alive():
-            got = report.get() if not report.empty() else (None, "(no report: it died)")
-        else:
-            proc.join(timeout=0.2)
+    messages: list[tuple[Any, ...]] = []
+    while proc.is_alive():       # read while it runs: a long report must not fill the pipe
+        _drain(report, messages)
+        proc.join(timeout=0.2)
     proc.join()
+    _drain(report, messages)
     report.close()
-    if got != ("ok",) or proc.exitcode != 0:
-        blob, text = got if len(got) == 2 else (None, "(reported success)")
-        if blob is not None:
-            raise pickle.loads(blob)
+    if ("ok",) not in messages or proc.exitcode != 0:
+        exc, text = _failure(messages)
+        if exc is not None:
+            raise exc
         raise RuntimeError(f"RGC run {run_dir} ({executor}) failed in its own process "
                            f"(exit code {proc.exitcode}):\n{text}")
     return dict(read_run(run_dir)["summary"])
