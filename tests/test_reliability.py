@@ -1113,8 +1113,9 @@ def test_a_notebook_failing_on_our_own_error_is_one_line(tmp_path):
     assert _foreign_lines(proc.stderr) == [], proc.stderr[-3000:]
     # a bad parameter file given to a notebook (as every stage notebook reads it)
     bad = _variant(tmp_path, lambda r: r["model"].__setitem__("n_layers", "7"))
-    nb = _notebook(tmp_path / "params.ipynb", "from lmrepro.pipeline.params import load_params\n"
-                   "load_params(params_file, profile)")
+    nb = _notebook(tmp_path / "params.ipynb", "from lmrepro.pipeline.session import start\n"
+                   "from lmrepro.wings import WINGS\n"
+                   "start(params_file, profile, wings=WINGS)")
     proc = subprocess.run([PY, "-m", "lmrepro", "notebook", str(nb), "--params", str(bad),
                            "--reports", str(tmp_path / "reports")], cwd=ROOT,
                           capture_output=True, text=True, env=env(), timeout=300)
