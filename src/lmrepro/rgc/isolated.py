@@ -33,9 +33,12 @@ def _child(cfg: dict[str, Any], executor: str, data: dict[str, np.ndarray | Mapp
            run_dir: str, corpus: str, name: str, seed: int, report: Any) -> None:
     """The fresh process: train the run into ``run_dir``; a failure goes back on ``report`` as
     its traceback, then the exception itself where the queue can carry it."""
+    from lmrepro.lifetime import die_with_multiprocessing_parent
     from lmrepro.rgc.common import mark_fresh_process
     from lmrepro.rgc.runner import train
 
+    # the run ends with the process that asked for it (a SIGKILLed stage leaves no writer)
+    die_with_multiprocessing_parent()
     try:
         mark_fresh_process()
         train(RGCConfig(**cfg), executor, received(data["train"]), received(data["val"]),
