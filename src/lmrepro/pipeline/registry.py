@@ -22,6 +22,7 @@ from typing import Any
 from lmrepro.errors import ParameterError, check
 from lmrepro.results import RunDetails, use_details_models
 
+
 @dataclass(frozen=True)
 class Role:
     """What a run is in the analysis: ``name`` (e.g. ``rgc_async``), the summary's ``method`` and
