@@ -164,7 +164,7 @@ class Section(BaseModel):
         """Plain JSON-able values (tuples become lists), as written into run records."""
         return json.loads(self.model_dump_json())
 
-    def replace(self, **changes: Any) -> Section:
+    def replace(self, **changes: Any) -> typing.Self:
         """A validated copy with ``changes`` applied."""
         return type(self)(**{**self.model_dump(), **changes})
 
