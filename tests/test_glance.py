@@ -33,6 +33,7 @@ def test_our_figure_in_brief_keeps_the_numbers_and_drops_the_details(measured: s
 def test_every_verdict_has_a_meaning_in_the_registrys_order() -> None:
     assert list(glance.VERDICT_MEANINGS) == list(claims.VERDICTS)
     assert glance.CAVEAT_SEPARATOR == claims.CAVEAT_SEPARATOR
+    assert glance.STEPS_TO_TARGET == claims.STEPS_TO_TARGET
 
 
 def test_every_verdict_cell_has_the_class_the_reports_style() -> None:

@@ -61,6 +61,8 @@ PREDICTED = "predicted at the paper's scale"
 AUTHORS_LOGS = "measured in the authors' logs"
 #: the caveats column joins the caveats with this separator
 CAVEAT_SEPARATOR = "; "
+#: how a measured text introduces a steps-to-target multiplier (glance keeps it beside the gap)
+STEPS_TO_TARGET = "steps to target:"
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ def ni_text(c: ComparisonRecord) -> str:
     if c.baseline_bpb is not None and c.floor_bpb is not None:
         floor = (f"; baseline {c.baseline_bpb:.3f} bits/byte vs trigram floor "
                  f"{c.floor_bpb:.3f}")
-    steps = "" if c.steps_to_target is None else f"; steps to target: {c.steps_to_target}"
+    steps = "" if c.steps_to_target is None else f"; {STEPS_TO_TARGET} {c.steps_to_target}"
     return (f"mean d {c.mean_rel_diff * 100:+.3g} %, {lower}U {c.upper_bound * 100:+.3g} % "
             f"({c.level} level{other}{p}; margin {c.margin:.1%}): {c.verdict}{steps}; "
             f"{c.split} split, {seeds}, {c.n_pairs} pairs{floor}")

@@ -33,7 +33,7 @@ VERDICT_MEANINGS = {
 }
 #: how the claims table joins a row's caveats (:data:`lmrepro.pipeline.claims.CAVEAT_SEPARATOR`)
 CAVEAT_SEPARATOR = "; "
-#: how a measured text introduces a steps-to-target multiplier (pipeline.claims.ni_text)
+#: how a measured text introduces a steps-to-target multiplier (pipeline.claims.STEPS_TO_TARGET)
 STEPS_TO_TARGET = "steps to target:"
 
 #: how long our figure may be in the table before its parenthetical details move to the note
