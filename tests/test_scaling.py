@@ -4,6 +4,7 @@ study writes."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -255,12 +256,18 @@ def test_a_tiny_study_runs_resumes_and_is_analysed(tmp_path: Path) -> None:
     shown = format_table(for_display("gaps", gaps))
     assert shown.loc[0, "mean gap (%)"] == signed(sig3(100 * gaps["mean"].iloc[0]))
     assert set(shown["testable"]) <= {"yes", "no"}
-    # when the runs finished (their summaries' times): a published pipeline may reuse them
-    import datetime
+    # when the runs finished, as their summaries record it: a copy or a checkout (a published
+    # study restored on a fresh machine) resets the files' times but not this
+    import os
 
     runs = out["tables"]["runs"]
-    newest = max(datetime.datetime.fromtimestamp(t / 1e9, datetime.UTC) for t in before.values())
-    assert runs.finished_at.max() == newest.strftime("%Y-%m-%dT%H:%MZ")
+    recorded = [json.loads((v / "summary.json").read_text())["finished_at"] for v in dirs.values()]
+    assert runs.finished_at.max() == max(recorded)[:16] + "Z"
+    for v in dirs.values():
+        os.utime(v / "summary.json", (0, 0))
+    reread = write_analysis(stage, tmp_path / "analysis2", StatsConfig(n_resamples=200), ("a", 6),
+                            floors, "tiny")["tables"]["runs"]
+    assert list(reread.finished_at) == list(runs.finished_at)
     assert f"runs (points and ablations) finished between {runs.finished_at.min()}" in section
     for png in ("gap_vs_length", "verdict_curves", "mask_diagnostics"):
         assert (tmp_path / "analysis" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"

@@ -24,6 +24,7 @@ written and nothing resumes; the records stay in memory (:attr:`Run.records`).
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -51,6 +52,10 @@ class Diverged(Exception):
         super().__init__(why)
         self.why = why
 
+
+def utc_now() -> str:
+    """Now in UTC, ISO 8601 to the second (a summary's ``finished_at``)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 @dataclass(frozen=True)
 class Schedule:
@@ -286,7 +291,7 @@ class Run:
             "tokens_per_s": self.tokens_per_s(),
             "mean_step_time_s": clock / timed, "train_time_s": clock,
             "step_time_std_s": step_time_std(self.records), "resumed_from_step": self.start,
-            "checkpoint_time_s": self.checkpoint_time_s, **fields})
+            "checkpoint_time_s": self.checkpoint_time_s, "finished_at": utc_now(), **fields})
 
     def finish(self, summary: RunSummary, eval_losses: list[float] | None, batch_size: int,
                context: int, test_losses: list[float] | None = None) -> dict[str, Any]:

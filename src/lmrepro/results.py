@@ -142,6 +142,7 @@ class RunSummary(BaseModel):
     processes: int = Field(ge=1)
     threads: int = Field(ge=1)
     resumed_from_step: int = 0
+    finished_at: str | None = None   # UTC, ISO 8601 to the second (older runs: None)
     executor: str | None = None                       # RGC: async | sync | backprop
     sparsity: float | None = None                     # SCAPE / top-k
     bytes_per_step: dict[str, float] | None = None    # mean over steps, by kind (BYTE_KINDS)

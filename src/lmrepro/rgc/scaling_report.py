@@ -158,18 +158,23 @@ def frontier_figure(frontier: pd.DataFrame, baseline: str) -> Any:
         part = part.sort_values("horizon")
         mean = 100 * part["mean"].astype(float)
         err = [mean - 100 * part["lower"].astype(float), 100 * part["upper"].astype(float) - mean]
-        ax.errorbar(part.horizon + 0.05 * s, mean, yerr=err, marker="o", capsize=3,
+        # s = 0 dodged left with its labels on the left, s >= 1 to the right: at equal H the
+        # two lines' points and labels would otherwise overlap
+        side = -1 if s == 0 else 1
+        x = part.horizon + 0.04 * side
+        ax.errorbar(x, mean, yerr=err, marker="o", capsize=3,
                     label=f"consensus staleness s = {s}")
-        for r in part.itertuples():
+        for xi, r in zip(x, part.itertuples()):
             if r.tokens_per_s_vs_backprop is not None and np.isfinite(r.tokens_per_s_vs_backprop):
-                ax.annotate(f"{r.tokens_per_s_vs_backprop:.2f}x", (r.horizon + 0.05 * s,
-                                                                   100 * float(r.mean)),
-                            textcoords="offset points", xytext=(6, 4), fontsize=8)
+                ax.annotate(f"{r.tokens_per_s_vs_backprop:.2f}x", (xi, 100 * float(r.mean)),
+                            textcoords="offset points", xytext=(8 * side, 0), fontsize=8,
+                            ha="right" if side < 0 else "left", va="center")
     ax.axhline(0, color="black", lw=0.8)
     ax.axhline(1, color="grey", lw=0.8, ls="--", label="1 % margin")
     ax.set_xlabel("horizon H (stages a local loss reaches back)")
     ax.set_ylabel(f"test loss gap to {baseline} (%)")
     ax.set_xticks(sorted(frontier.horizon.unique()))
+    ax.margins(x=0.25)   # room for the labels beside the outermost points
     ax.set_title("RGC at the verdict point: gap against H and s\n(labels: benchmark tokens/s "
                  f"x {baseline}, its own model)", fontsize=9)
     ax.legend(fontsize=8)
