@@ -58,7 +58,7 @@ def load_corpus() -> tuple[np.ndarray, np.ndarray, str]:
         data = np.fromfile(p, dtype=np.uint8)
         cut = int(0.95 * len(data))
         return data[:cut], data[cut:], "shakespeare"
-    from lmrepro.rgc.common import synthetic_corpus
+    from lmrepro.rgc.corpus import synthetic_corpus
 
     data = synthetic_corpus(400_000)
     return data[:360_000], data[360_000:], "synthetic"
@@ -77,7 +77,7 @@ def stage_times(cfg_dict: dict, threads: int, repeats: int) -> dict[str, Any]:
 
     from lmrepro.data.batches import sample_batch
     from lmrepro.rgc.worker_stages import WorkerStages
-    from lmrepro.rgc.common import batch_generator, build_model, make_adamw, micro_batches
+    from lmrepro.rgc.recipe import batch_generator, build_model, make_adamw, micro_batches
     from lmrepro.rgc.config import RGCConfig
     from lmrepro.rgc.stages import decoder_parameters
 

@@ -64,7 +64,7 @@ def load_corpus() -> tuple[np.ndarray, np.ndarray, str]:
         data = np.fromfile(p, dtype=np.uint8)
         cut = int(0.95 * len(data))
         return data[:cut], data[cut:], "shakespeare"
-    from lmrepro.rgc.common import synthetic_corpus
+    from lmrepro.rgc.corpus import synthetic_corpus
 
     data = synthetic_corpus(400_000)
     return data[:360_000], data[360_000:], "synthetic"
@@ -251,7 +251,7 @@ def stage_compute(cfg_dict: dict, k: int, threads: int, repeats: int, pin: bool,
 
     from lmrepro.memory import status_memory
     from lmrepro.rgc import byte_account as ba
-    from lmrepro.rgc.common import build_model, make_adamw
+    from lmrepro.rgc.recipe import build_model, make_adamw
     from lmrepro.rgc.config import RGCConfig
     from lmrepro.rgc.stages import (decoder_parameters, readout_backward, run_stage,
                                     stage_backward, stage_bounds, stage_parameters)

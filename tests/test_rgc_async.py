@@ -15,7 +15,7 @@ from lmrepro.memory import multiprocessing_helper_pids
 from lmrepro.model import lm_loss
 from lmrepro.results import latest_checkpoint, read_run
 from lmrepro.rgc import RGCConfig, StageWorkerError, train
-from lmrepro.rgc.common import batch_generator, build_model, lr_at, micro_batches, set_lr
+from lmrepro.rgc.recipe import batch_generator, build_model, lr_at, micro_batches, set_lr
 from lmrepro.rgc.sync import make_optimizers
 from lmrepro.data.batches import sample_batch
 

@@ -7,7 +7,7 @@ import torch
 
 from lmrepro.model import lm_loss
 from lmrepro.rgc import byte_account as ba
-from lmrepro.rgc.common import build_model
+from lmrepro.rgc.recipe import build_model
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.stages import run_stage, stage_bounds, stage_parameters
 

@@ -11,3 +11,9 @@
 The pure functions here are tested in ``tests/test_bench_math.py``; the benchmarks that use them
 are never part of the test suite.
 """
+
+from pathlib import Path
+
+#: where the benchmarks keep their results and the pipeline reads them: relative to the
+#: repository root, the working directory of every stage (``dvc.yaml`` names these files as deps)
+BENCH_RESULTS = Path("bench/results")

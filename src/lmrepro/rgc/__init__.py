@@ -19,7 +19,7 @@ from typing import Any
 
 _EXPORTS = {
     "EXECUTORS": "config", "RGCConfig": "config", "RGCSuite": "config",
-    "ThreadOversubscriptionWarning": "config", "TrainResult": "common", "train": "runner",
+    "ThreadOversubscriptionWarning": "config", "TrainResult": "result", "train": "runner",
     "StageWorkerError": "async_", "accumulate_rgc_grads": "stages",
     "consensus_decoder_grad": "stages", "horizon_window": "stages", "stage_bounds": "stages",
     "stage_local_grads": "stages",

@@ -62,11 +62,13 @@ from lmrepro.memory import Memory
 from lmrepro.memory_phases import END, TRAINING, START
 from lmrepro.model import ByteTransformer
 from lmrepro.results import drop_unpublished, load_part
-from lmrepro.rgc.common import (RunSpec, TrainResult, build_model, checkpoint_state, evaluate,
-                                finish, harness, in_evaluation, run_sampler, set_phase,
-                                state_from_bytes, state_to_bytes)
 from lmrepro.rgc import events as events_mod
+from lmrepro.rgc.checkpoint import checkpoint_state, state_from_bytes, state_to_bytes
 from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.recipe import build_model, evaluate
+from lmrepro.rgc.result import TrainResult, finish
+from lmrepro.rgc.run_memory import in_evaluation, run_sampler, set_phase
+from lmrepro.rgc.run_spec import RunSpec, harness
 from lmrepro.rgc.wire import (POLL_S, Failed, Finished, Message, PartSaved, Ready, Started,
                               StateAfter, StepDone, WorkerEvents, by_reference, stalled_stage)
 from lmrepro.rgc.worker import WorkerArgs
@@ -167,7 +169,7 @@ def _start_workers(cfg: RGCConfig, spec: RunSpec, starts: list[bytes], end: int,
 def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.ndarray,
                 kind: str = "rgc") -> TrainResult:
     """Run the async executor; see :func:`lmrepro.rgc.train`. The stage workers' fault points
-    (tests only) are :data:`lmrepro.rgc.common.FAULT_POINT`. ``kind="pipelined_backprop"``:
+    (tests only) are :data:`lmrepro.rgc.faults.FAULT_POINT`. ``kind="pipelined_backprop"``:
     the same workers train global backprop (:mod:`lmrepro.rgc.pipelined`).
 
     Memory (docs/rgc.md, "Memory"): the parent's model (built from the seed or the checkpoint)
@@ -396,7 +398,7 @@ def _failure(msg: Failed, status: Any, placement: list[list[int]], timeout_s: fl
 
 
 def _assemble(cfg: RGCConfig, parts: dict[int, dict]) -> dict[str, Any]:
-    """The checkpoint state (:func:`lmrepro.rgc.common.checkpoint_state`) from the W workers'
+    """The checkpoint state (:func:`lmrepro.rgc.checkpoint.checkpoint_state`) from the W workers'
     payloads."""
     model_state: dict[str, torch.Tensor] = {}
     optims: dict[str, dict] = {}

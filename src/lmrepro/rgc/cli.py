@@ -73,7 +73,7 @@ def load_data(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmrepro.rgc.common import mark_fresh_process
+    from lmrepro.rgc.run_memory import mark_fresh_process
     from lmrepro.rgc.runner import train
 
     mark_fresh_process()          # one run per invocation: this process is its tree's root

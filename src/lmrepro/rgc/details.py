@@ -10,7 +10,7 @@ from lmrepro.results import RunDetails
 
 
 class RGCDetails(RunDetails):
-    """Written by :func:`lmrepro.rgc.common.summary_fields` and ``finish``."""
+    """Written by :func:`lmrepro.rgc.result.summary_fields` and ``finish``."""
 
     threads_per_process: list[int] | None = None
     placement: list[list[int]] | None = None      # stages of each process

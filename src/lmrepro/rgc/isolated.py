@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from lmrepro.results import read_run
-from lmrepro.rgc.common import check_data
 from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
+from lmrepro.rgc.corpus import check_data
 from lmrepro.rgc.wire import MappedBytes, by_reference, received
 
 
@@ -34,7 +34,7 @@ def _child(cfg: dict[str, Any], executor: str, data: dict[str, np.ndarray | Mapp
     """The fresh process: train the run into ``run_dir``; a failure goes back on ``report`` as
     its traceback, then the exception itself where the queue can carry it."""
     from lmrepro.lifetime import die_with_multiprocessing_parent
-    from lmrepro.rgc.common import mark_fresh_process
+    from lmrepro.rgc.run_memory import mark_fresh_process
     from lmrepro.rgc.runner import train
 
     # the run ends with the process that asked for it (a SIGKILLed stage leaves no writer)

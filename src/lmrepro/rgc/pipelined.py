@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from lmrepro.rgc.common import lr_at, set_lr
 from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.recipe import lr_at, set_lr
 from lmrepro.rgc.wire import StepDone
 from lmrepro.rgc.worker import StageWorker, WorkerArgs
 from lmrepro.rgc.worker_stages import WorkerStages

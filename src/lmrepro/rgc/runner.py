@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 
 from lmrepro.errors import check
-from lmrepro.rgc.common import (RunSpec, TrainResult, check_data, check_fault_point,
-                                synthetic_corpus)
 from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
+from lmrepro.rgc.corpus import check_data, synthetic_corpus
+from lmrepro.rgc.faults import check_fault_point
+from lmrepro.rgc.result import TrainResult
+from lmrepro.rgc.run_spec import RunSpec
 
 
 def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lmrepro.bench import BENCH_RESULTS
 from lmrepro.io import read_json
 from lmrepro.rgc.schedule import SpeedupFactors, WorkerTimes, decompose, ideal_step_time
 
@@ -18,12 +19,12 @@ PAPER_SPEEDUP = 1.382
 PAPER_THREADS = (29, 24)       # async worker threads, backprop threads (the paper's summary)
 #: how far the schedule model may miss the measured async step and still be called validated
 MODEL_TOLERANCE = 0.10
-RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results"
 
 
-def load(name: str, results: Path = RESULTS) -> dict[str, Any] | None:
-    """A stored benchmark result (``<name>.json``), or None where it was never run."""
-    path = results / f"{name}.json"
+def load(name: str, results: str | Path = BENCH_RESULTS) -> dict[str, Any] | None:
+    """A stored benchmark result (``<name>.json`` in ``results``), or None where it was never
+    run."""
+    path = Path(results) / f"{name}.json"
     return read_json(path) if path.exists() else None
 
 

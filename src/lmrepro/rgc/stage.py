@@ -14,7 +14,7 @@ from lmrepro.runlock import holds_writer_lock
 from lmrepro.results import SUMMARY, read_run
 from lmrepro.pipeline.stage_products import write_stage_products
 from lmrepro.rundirs import prepare_runs_dir, seed_dir
-from lmrepro.rgc.common import check_data
+from lmrepro.rgc.corpus import check_data
 from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor
 from lmrepro.rgc.isolated import train_in_fresh_process
 from lmrepro.rgc.runner import train

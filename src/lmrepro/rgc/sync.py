@@ -26,11 +26,15 @@ from lmrepro.evaluation import bits_per_byte
 from lmrepro.harness import StepFn
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import grads_to_flat
-from lmrepro.rgc.common import (ConsensusQueue, RunSpec, StageGradientDelay, TrainResult,
-                                batch_generator, build_model, checkpoint_state, evaluate, finish,
-                                harness, in_evaluation, make_adamw, micro_batches,
-                                run_sampler, set_lr)
+from lmrepro.rgc.checkpoint import checkpoint_state
 from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.consensus_queue import ConsensusQueue
+from lmrepro.rgc.gradient_delay import StageGradientDelay
+from lmrepro.rgc.recipe import (batch_generator, build_model, evaluate, make_adamw, micro_batches,
+                                set_lr)
+from lmrepro.rgc.result import TrainResult, finish
+from lmrepro.rgc.run_memory import in_evaluation, run_sampler
+from lmrepro.rgc.run_spec import RunSpec, harness
 from lmrepro.rgc.stages import (accumulate_rgc_grads, decoder_parameters, stage_bounds,
                                 stage_parameters)
 

@@ -19,11 +19,13 @@ from lmrepro.data.batches import sample_batch
 from lmrepro.lifetime import fault_armed, fault_point
 from lmrepro.optim.comm import grads_to_flat
 from lmrepro.results import save_part
-from lmrepro.rgc.common import (ConsensusQueue, batch_generator, cadence, lr_at,
-                                make_adamw, micro_batches, set_lr, stage_fault_point,
-                                state_from_bytes, state_to_bytes)
+from lmrepro.rgc.checkpoint import state_from_bytes, state_to_bytes
 from lmrepro.rgc.config import RGCConfig
+from lmrepro.rgc.consensus_queue import ConsensusQueue
 from lmrepro.rgc.events import EventLog
+from lmrepro.rgc.faults import stage_fault_point
+from lmrepro.rgc.recipe import batch_generator, lr_at, make_adamw, micro_batches, set_lr
+from lmrepro.rgc.run_spec import cadence
 from lmrepro.rgc.stages import decoder_parameters, stage_parameter_names
 from lmrepro.rgc.wire import (Channels, MappedBytes, PartSaved, StateAfter, StepDone, WorkerEvents,
                               received, tagged, untag)
@@ -69,7 +71,7 @@ def _fault_points(stages: list[int], step: int, timeout_s: float, backward: bool
 
 def _slip(stage: int, step: int, backward: bool) -> int:
     """1 when a test armed stage ``stage``'s mislabel fault point at ``step``
-    (:func:`lmrepro.rgc.common.stage_fault_point`): its messages then carry the next step's tag;
+    (:func:`lmrepro.rgc.faults.stage_fault_point`): its messages then carry the next step's tag;
     0 otherwise."""
     return int(fault_armed(stage_fault_point(stage, step, backward, mislabel=True)))
 

@@ -26,13 +26,13 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from lmrepro.bench import BENCH_RESULTS
 from lmrepro.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 from lmrepro.pipeline.headline import metrics_dir, prediction_items, write_headline
 from lmrepro.scape import steptime_paper as sp
 from lmrepro.scape.steptime import Cluster, Options, bandwidth_for_speedup, predict
 from lmrepro.scape.steptime_fit import calibrate
 
-BENCH_DIR = "bench/results"
 OUT_DIR = "results/steptime"
 CALIBRATION = "scape_calibration.json"     # bench_scape_netns.py --calibrate
 DEVELOPMENT = "scape_netns.json"           # the older sweep: the development check
@@ -69,7 +69,7 @@ def _billions(model: sp.PaperModel) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_calibration(bench_dir: str | Path = BENCH_DIR) -> dict[str, Any] | None:
+def load_calibration(bench_dir: str | Path = BENCH_RESULTS) -> dict[str, Any] | None:
     """The model's calibration (:func:`~lmrepro.scape.steptime_fit.calibrate`) on the
     calibration run when it exists, else on the older sweep (the development check), with
     ``source`` (the file) and ``calibrated`` (whether it is the calibration run); None when
@@ -89,14 +89,14 @@ def calibration_note(cal: dict[str, Any] | None) -> str:
     cmd = f"`{CALIBRATE_CMD}`"
     if cal is None:
         return (f"**Not yet calibrated**, and no benchmark result to check the model on: "
-                f"neither `{BENCH_DIR}/{CALIBRATION}` nor `{BENCH_DIR}/{DEVELOPMENT}` exists. "
-                f"Run {cmd} (about 10 min on 2 cores, on a quiet machine).")
+                f"neither `{BENCH_RESULTS}/{CALIBRATION}` nor `{BENCH_RESULTS}/{DEVELOPMENT}` "
+                f"exists. Run {cmd} (about 10 min on 2 cores, on a quiet machine).")
     if cal["calibrated"]:
         head = f"Calibrated on `{cal['source']}`."
     else:
-        head = (f"**Not yet calibrated**: `{BENCH_DIR}/{CALIBRATION}` does not exist (run {cmd}, "
-                f"about 10 min on 2 cores, on a quiet machine). Below is the development check "
-                f"on the older sweep `{cal['source']}` (fewer links and timed steps).")
+        head = (f"**Not yet calibrated**: `{BENCH_RESULTS}/{CALIBRATION}` does not exist (run "
+                f"{cmd}, about 10 min on 2 cores, on a quiet machine). Below is the development "
+                f"check on the older sweep `{cal['source']}` (fewer links and timed steps).")
     err = cal["held_out_max_abs_error"]
     verdict = ("no held-out point" if err is None else
                f"every held-out point within {cal['tolerance']:.0%}: "
@@ -341,7 +341,7 @@ def save_png(fig: Figure, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def steptime_stage(bench_dir: str | Path = BENCH_DIR, out_dir: str | Path = OUT_DIR
+def steptime_stage(bench_dir: str | Path = BENCH_RESULTS, out_dir: str | Path = OUT_DIR
                    ) -> dict[str, Any]:
     """Every table and the figure of the page; written to ``out_dir`` (:data:`OUTPUTS`):
     ``predictions.json`` (everything), one CSV per table, the plot as PNG."""
