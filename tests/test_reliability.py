@@ -801,6 +801,9 @@ def test_rgc_killed_at_the_end_resumes_to_the_same_complete_run(tmp_path, refere
     _rgc_run(run, executor)                                # the resume
     summary = _same_run(run, references(executor))
     assert summary["resumed_from_step"] == 6             # nothing left to train
+    # the peak memory is the training's (recorded in the checkpoint), not the resume's alone
+    trained = load_checkpoint(run, latest_checkpoint(run)["identity"])["peak_memory"]
+    assert trained["rss"] > 0 and summary["peak_rss_bytes"] >= trained["rss"]
 
 
 @pytest.fixture(scope="module")
