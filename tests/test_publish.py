@@ -108,6 +108,23 @@ def test_publish_copies_the_small_products_and_writes_the_results_section(
     assert P.publish(root) == dest and not list(dest.parent.glob(".reference*"))
 
 
+def test_publish_records_the_session_in_the_timing_history_once(tmp_path: Path) -> None:
+    """The run's async-vs-backprop timings go to published/timing_history.json beside the
+    profiles; publishing the same run again replaces its entry instead of adding one."""
+    from lmrepro.pipeline import timing_history as T
+
+    root = finished_run(tmp_path / "proj")
+    P.publish(root)
+    history = T.read_history(root / "published" / T.HISTORY_NAME)
+    (entry,) = history.entries
+    records = read_analysis(root / "results/analysis/rgc/analysis.json")
+    (timed,) = [r for r in records.resources if r.candidate_role == entry.candidate_role]
+    assert (entry.profile, entry.suite, entry.seeds) == ("reference", timed.suite, [0, 1])
+    assert entry.throughput_ratios == timed.throughput_ratios and entry.machine == timed.machine
+    P.publish(root)
+    assert T.read_history(root / "published" / T.HISTORY_NAME) == history
+
+
 def test_an_unfinished_or_oversized_run_is_refused_before_anything_is_written(
         tmp_path: Path) -> None:
     root = finished_run(tmp_path / "proj")

@@ -33,6 +33,15 @@ def test_methods_roles_and_pairings() -> None:
     assert not registry.is_role("sgd")
 
 
+def test_the_timed_pairings_are_pairings_of_their_wing() -> None:
+    """The pairings whose throughput the timing history pools: async RGC against backprop."""
+    assert registry.timed_pairings() == (("rgc_async", "backprop"),)
+    stray = registry.Wing("test", timed=(("rgc_sync", "backprop"),))
+    with pytest.raises(ParameterError, match="must be one of its pairings"):
+        registry.install((*WINGS, stray))
+    assert registry.timed_pairings() == (("rgc_async", "backprop"),)
+
+
 def test_a_role_is_registered_once() -> None:
     twice = registry.Wing("test", roles=(registry.Role("scape", "scape"),))
     with pytest.raises(ParameterError, match="registered once"):

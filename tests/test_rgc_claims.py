@@ -5,11 +5,13 @@ tolerance of the paper's figure, direction only when only the sign agrees."""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
 
-import math
-
 from lmrepro.pipeline import claims as C
+from lmrepro.pipeline.resources import ONE_SESSION_CAVEAT
 from lmrepro.pipeline.records import AnalysisRecords, ResourceRecord, RunRecord
 from lmrepro.rgc import claims
 from lmrepro.rgc.roles import ROLE_BACKPROP, ROLE_RGC_ASYNC
@@ -136,3 +138,83 @@ def test_every_rgc_claim_with_a_figure_shows_its_tolerance_beside_it() -> None:
     assert "within 10 % of 1.382x: 1.244x to 1.52x" in table.loc["rgc-throughput", "paper_figure"]
     assert table.loc["rgc-throughput", "verdict"] == C.DIRECTION_ONLY
     assert table.loc["rgc-memory", "verdict"] == C.DIRECTION_ONLY
+
+
+def pooled_records(this_run: list[float], sessions: list[list[float]]) -> AnalysisRecords:
+    """One async-vs-backprop record of ``this_run``'s per-seed ratios with the history's
+    ``sessions`` of its suite on its machine pooled in (as the claims stage does)."""
+    from lmrepro.pipeline import timing_history as H
+    from lmrepro.pipeline.records import Machine
+
+    machine = Machine(cpu_model="AMD EPYC", cores=2)
+    rec = records(tps=(1000.0 * sum(this_run) / len(this_run), 1000.0))
+    r = rec.resources[0].model_copy(update={
+        "suite": "s", "machine": machine, "timing_seeds": list(range(len(this_run))),
+        "throughput_ratios": this_run, "throughput_conclusive": True,
+        "caveats": [ONE_SESSION_CAVEAT]})
+    history = H.TimingHistory(entries=[H.HistoryEntry(
+        profile="reference", commit=f"c{i}", dirty=False, date=f"2026-12-0{i + 1}",
+        machine=machine, stage="rgc", label=r.label, corpus="shakespeare",
+        candidate_role=ROLE_RGC_ASYNC, baseline_role=ROLE_BACKPROP, suite="s",
+        seeds=list(range(len(s))), candidate_tokens_per_s=[1000.0 * x for x in s],
+        baseline_tokens_per_s=[1000.0] * len(s), throughput_ratios=s)
+        for i, s in enumerate(sessions)])
+    return H.pool_records(rec.model_copy(update={"resources": [r]}), history)
+
+
+def test_throughput_is_judged_on_the_sessions_pooled() -> None:
+    """published/reference's three sessions: this run's 1.15x [1.13, 1.17] is conclusive on its
+    own seeds, but pooled over the sessions 1.08x [0.94, 1.24] is inconclusive."""
+    (m,) = claims.throughput(pooled_records([1.143, 1.152, 1.159],
+                                            [[1.075, 1.091, 1.020], [0.961, 1.127, 1.015]]))
+    assert m.measured.startswith("this run 1.15x tokens/s")
+    assert ("pooled over 3 sessions (9 seeds) on AMD EPYC, 2 cores: 1.08x [0.938, 1.24] "
+            "(session-level 95 % t interval)") in m.measured
+    assert m.value == pytest.approx(1.08, abs=0.005) and m.verdict == C.INCONCLUSIVE
+    assert ONE_SESSION_CAVEAT not in m.caveats      # the sessions' spread decided
+    # sessions that agree decide, on the pooled ratio: this run alone (1.205x) is outside
+    # 1.244x to 1.52x, the four sessions' 1.29x inside it
+    sessions = [[1.33, 1.34], [1.30, 1.31], [1.32, 1.33]]
+    (alone,) = claims.throughput(pooled_records([1.20, 1.21], []))
+    assert alone.verdict == C.DIRECTION_ONLY
+    (m,) = claims.throughput(pooled_records([1.20, 1.21], sessions))
+    means = [sum(map(math.log, s)) / 2 for s in [[1.20, 1.21], *sessions]]
+    assert m.verdict == C.REPRODUCED and m.value == pytest.approx(math.exp(sum(means) / 4))
+
+
+def test_throughput_with_one_session_keeps_its_own_interval_and_says_so() -> None:
+    (m,) = claims.throughput(pooled_records([1.143, 1.152, 1.159], []))
+    assert "one session of this suite recorded on AMD EPYC, 2 cores" in m.measured
+    assert m.value == pytest.approx((1.143 + 1.152 + 1.159) / 3)    # this run's ratio
+    assert m.verdict == C.DIRECTION_ONLY and ONE_SESSION_CAVEAT in m.caveats
+    # a record written before the history: judged as before, nothing said of sessions
+    (old,) = claims.throughput(records(tps=(1150.0, 1000.0)))
+    assert "session" not in old.measured and old.verdict == C.DIRECTION_ONLY
+
+
+def test_the_claims_stage_pools_the_history_it_is_given(tmp_path: Path) -> None:
+    from lmrepro.io import atomic_write_json
+    from lmrepro.pipeline import timing_history as H
+
+    pooled = pooled_records([1.143, 1.152, 1.159], [[1.075, 1.091, 1.020],
+                                                     [0.961, 1.127, 1.015]])
+    rec = pooled.model_copy(update={"resources": [
+        r.model_copy(update={"pooled_throughput": None}) for r in pooled.resources]})
+    atomic_write_json(tmp_path / "rgc" / "analysis.json", rec.model_dump(mode="json"))
+    history = tmp_path / "history.json"
+    first = pooled_records([1.0], [[1.075, 1.091, 1.020], [0.961, 1.127, 1.015]])
+    atomic_write_json(history, H.TimingHistory(entries=[
+        H.HistoryEntry(profile="reference", commit=f"c{i}", dirty=False, date=None,
+                       machine=first.resources[0].machine, stage="rgc", label="x",
+                       corpus="shakespeare", candidate_role=ROLE_RGC_ASYNC,
+                       baseline_role=ROLE_BACKPROP, suite="s", seeds=[0, 1, 2],
+                       candidate_tokens_per_s=s, baseline_tokens_per_s=[1.0] * 3,
+                       throughput_ratios=s)
+        for i, s in enumerate([[1.075, 1.091, 1.020], [0.961, 1.127, 1.015]])]
+    ).model_dump(mode="json"))
+    row = C.claims_stage(tmp_path, tmp_path, timing_history=history).set_index("id").loc[
+        "rgc-throughput"]
+    assert "pooled over 3 sessions" in row.measured and row.verdict == C.INCONCLUSIVE
+    alone = C.claims_stage(tmp_path, tmp_path, timing_history=None).set_index("id").loc[
+        "rgc-throughput"]
+    assert "session" not in alone.measured and alone.verdict == C.DIRECTION_ONLY

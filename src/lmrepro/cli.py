@@ -10,6 +10,7 @@
     lmrepro authors-logs DIR --out CSV [--provenance JSON]      # Megatron logs; authors_logs
     lmrepro report   [--reports reports]                         # reports/index.html
     lmrepro publish  [--dest published/<profile>]                # a finished run's products
+    lmrepro timing-history published/<profile> ...               # record sessions' timings
 
 Errors are one message, no traceback (docs/reliability.md): bad input (a parameter, the
 parameter file, a damaged checkpoint, a run directory another process is writing) exits with
@@ -95,6 +96,17 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_timing_history(args: argparse.Namespace) -> int:
+    from lmrepro.pipeline.timing_history import record_profile
+
+    for folder in args.profiles:
+        for e in record_profile(folder, args.history).entries:
+            ratios = ", ".join(f"{x:.3f}" for x in e.throughput_ratios)
+            print(f"{args.history}: {e.profile} at {(e.commit or '?')[:8]}, {e.label}, "
+                  f"suite {e.suite}, {e.machine.text()}: ratios {ratios}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     # every sub-command's parser is of the same class: one-line usage errors (entry)
     parser = ArgumentParser(prog="lmrepro", description=__doc__.split("\n")[0])
@@ -126,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dest", default=None, help="default: published/<the run's profile>")
     p.add_argument("--readme", default="README.md", help="README whose verdicts to update")
     p.set_defaults(func=_cmd_publish)
+
+    p = sub.add_parser("timing-history", help="record published profiles' sessions in the "
+                       "timing history (publish does it for the profile it publishes)")
+    p.add_argument("profiles", nargs="+", metavar="PROFILE_DIR",
+                   help="published profile folders (published/<profile>)")
+    p.add_argument("--history", default="published/timing_history.json",
+                   help="the history file (default published/timing_history.json)")
+    p.set_defaults(func=_cmd_timing_history)
 
     # the composition: the wings' vocabulary for the pipeline, and their subcommands
     import importlib

@@ -35,8 +35,9 @@ from lmrepro.pipeline.comparisons import (DEFAULT_STATS, UNITS_NOTE, Comparison,
                                           default_comparisons, noninferiority_table,
                                           outcomes_table, pairings, run_comparisons,
                                           seed_caveats, testability)
+from lmrepro.pipeline.provenance import cpu_model
 from lmrepro.pipeline.provenance import usable_cores as available_cores
-from lmrepro.pipeline.records import (ANALYSIS_FORMAT, AnalysisRecords, ComparisonRecord,
+from lmrepro.pipeline.records import (ANALYSIS_FORMAT, AnalysisRecords, ComparisonRecord, Machine,
                                       ResourceRecord, RunRecord, read_analysis)
 from lmrepro.pipeline.resources import (StepTimes, bytes_long, bytes_per_step,
                                         communication_table, memory_table, reference_tables,
@@ -66,19 +67,20 @@ __all__ = [
     "reference_tables", "relative_spread", "resource_caveats", "resource_comparisons",
     "resources_table", "step_times", "throughput_table", "timing_interval",
     # records
-    "ANALYSIS_FORMAT", "AnalysisRecords", "ComparisonRecord", "ResourceRecord", "RunRecord",
-    "read_analysis",
+    "ANALYSIS_FORMAT", "AnalysisRecords", "ComparisonRecord", "Machine", "ResourceRecord",
+    "RunRecord", "read_analysis",
 ]
 
 
 def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAULT_STATS,
                      outcomes: Sequence[ComparisonOutcome] | None = None,
                      cores: int | None = None,
-                     floors: Mapping[str, Mapping[str, Any]] | None = None) -> AnalysisRecords:
+                     floors: Mapping[str, Mapping[str, Any]] | None = None,
+                     machine: Machine | None = None) -> AnalysisRecords:
     """The records of ``runs``, of ``outcomes`` (default: :func:`run_comparisons` with
     ``stats``; pass the outcomes computed with the same ``stats`` to avoid a second bootstrap)
     and of :func:`resource_comparisons` (``cores``: the machine's, for the oversubscription
-    caveat)."""
+    caveat; ``machine``: where the runs ran, for the timing history)."""
     loaded = load_runs(runs)
     if outcomes is None:
         outcomes = run_comparisons(loaded, stats=stats, floors=floors)
@@ -87,7 +89,7 @@ def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAUL
         stage=stage, stats=stats, cores=cores, floors=dict(floors or {}),
         seeds=sorted({r.summary.seed for r in loaded.values()}),
         comparisons=[o.record for o in outcomes],
-        resources=resource_comparisons(loaded, cores),
+        resources=resource_comparisons(loaded, cores, machine),
         runs=[RunRecord(name=r.name, role=r.role, scale=run_scale(r),
                         configuration=config_label(r),
                         final_test_bpb=r.summary.details.final_test_bpb,
@@ -144,8 +146,9 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
     frames = reference_tables(runs, *references[stage])
     floors = corpus_floors(prepared_dir, {r.summary.corpus for r in runs.values()})
     outcomes = run_comparisons(runs, stats=stats, floors=floors)
-    records = analysis_records(runs, stage=stage, stats=stats, outcomes=outcomes,
-                               cores=available_cores(), floors=floors)
+    cores = available_cores()
+    records = analysis_records(runs, stage=stage, stats=stats, outcomes=outcomes, cores=cores,
+                               floors=floors, machine=Machine(cpu_model=cpu_model(), cores=cores))
     frames["noninferiority"] = outcomes_table(outcomes)
     frames["timing"] = resources_table(records.resources)
     for name, frame in frames.items():

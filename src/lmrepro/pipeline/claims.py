@@ -4,8 +4,10 @@ A :class:`Claim` is declared once, in its paper's wing (e.g. the SCAPE wing's ``
 whose value names that module (:attr:`lmrepro.pipeline.registry.Wing.claims`): its text, the paper's
 figure and scale (quoted, with their source), the rule our measurement is judged by, a caveat that
 weakens any verdict on it, and the function that measures it from the analysis stages' records
-(:class:`~lmrepro.pipeline.records.AnalysisRecords`). The claims stage only reads those records:
-no run directory is opened and no bootstrap is recomputed here.
+(:class:`~lmrepro.pipeline.records.AnalysisRecords`). The claims stage only reads those records
+and the timing history (the timed pairings' sessions, pooled into the records:
+:mod:`lmrepro.pipeline.timing_history`): no run directory is opened and no bootstrap is
+recomputed here.
 
 Verdicts. A measured claim is ``reproduced`` (our figure agrees with the paper's within the
 tolerance its rule states), ``reproduced in direction only`` (the same direction, outside that
@@ -39,9 +41,10 @@ from lmrepro.errors import check
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline import registry as _registry
 from lmrepro.pipeline.comparisons import DEFAULT_STATS
-from lmrepro.pipeline.records import (AnalysisRecords, ComparisonRecord, ResourceRecord,
-                                      read_analysis)
+from lmrepro.pipeline.records import (AnalysisRecords, ComparisonRecord, PooledTiming,
+                                      ResourceRecord, read_analysis)
 from lmrepro.pipeline.resources import timing_interval
+from lmrepro.pipeline.timing_history import HISTORY_FILE, pool_records, read_history
 
 REPRODUCED = "reproduced"
 DIRECTION_ONLY = "reproduced in direction only"
@@ -283,6 +286,18 @@ def spread_text(r: ResourceRecord, ratio: float | None = None,
     return f"step-time spread ±{r.relative_spread:.0%}"
 
 
+def pooled_text(p: PooledTiming, r: ResourceRecord) -> str:
+    """A ratio pooled over the sessions of its suite (:mod:`lmrepro.pipeline.timing_history`),
+    in words; with one session, that the seed-level interval decides."""
+    where = r.machine.text() if r.machine is not None else "this machine"
+    if p.basis == "sessions" and p.low is not None and p.high is not None:
+        return (f"pooled over {p.sessions} sessions ({p.seeds} seeds) on {where}: "
+                f"{p.ratio:.3g}x [{p.low:.3g}, {p.high:.3g}] (session-level "
+                f"{p.confidence * 100:.3g} % t interval)")
+    return (f"one session of this suite recorded on {where}: judged on its seed-level "
+            "interval")
+
+
 def noninferiority_measure(
         candidate: str, baseline: str, *, non_inferior: bool, sparsity: float | None = None,
         corpus: str | None = None,
@@ -412,9 +427,12 @@ def read_stage_records(analysis_root: str | Path = "results/analysis") -> Analys
 
 
 def claims_stage(analysis_root: str | Path = "results/analysis",
-                 out_root: str | Path = "results/analysis") -> pd.DataFrame:
+                 out_root: str | Path = "results/analysis",
+                 timing_history: str | Path | None = HISTORY_FILE) -> pd.DataFrame:
     """The claims table from ``analysis_root/<stage>/analysis.json`` of each stage in
-    :data:`STAGES` (a missing stage's claims are ``not run``); writes ``out_root/claims.csv``,
+    :data:`STAGES` (a missing stage's claims are ``not run``), the timed pairings' throughput
+    pooled over the sessions of the ``timing_history`` file (None: none;
+    :func:`lmrepro.pipeline.timing_history.pool_records`); writes ``out_root/claims.csv``,
     the DVC metric ``out_root/claims.json`` (:func:`verdict_counts`) and the forest plot of
     every comparison, ``out_root/forest.png``; the headline metrics, one per claim
     (:mod:`lmrepro.pipeline.headline`)."""
@@ -423,6 +441,8 @@ def claims_stage(analysis_root: str | Path = "results/analysis",
     from lmrepro.pipeline.headline import claim_items, metrics_dir, write_headline
 
     records = read_stage_records(analysis_root)
+    if timing_history is not None:
+        records = pool_records(records, read_history(timing_history))
     full = claims_table(records, bounds=True)
     table = full[CLAIM_COLUMNS]
     atomic_write_text(Path(out_root) / "claims.csv", table.to_csv(index=False))

@@ -9,7 +9,10 @@ tables, the figures, the claims), each run's ``summary.json`` and per-batch
 and its provenance, and the run's ``dvc.lock`` (which must be this run's: :func:`check_lock`).
 It refuses an unfinished run (no claims, no index, no lock) and any file over
 :data:`MAX_FILE_BYTES`, writes ``MANIFEST.json`` (sha256 and size of every file) and replaces
-the previous copy only once the new one is complete. Then it writes the run's page,
+the previous copy only once the new one is complete. It records the run's timed pairings in
+the timing history beside the published profiles (``published/timing_history.json``:
+:func:`lmrepro.pipeline.timing_history.record_profile`; republishing replaces the entry).
+Then it writes the run's page,
 ``published/<profile>/README.md``, and the README's verdicts block
 (:mod:`lmrepro.pipeline.pages`); a README that still holds a profile's own markers
 (``<!-- lmrepro:<profile>:begin ... -->``, ``results`` for the reference run) gets that
@@ -122,7 +125,9 @@ def publish(root: str | os.PathLike = ".", dest: str | os.PathLike | None = None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     from lmrepro.pipeline import pages
+    from lmrepro.pipeline.timing_history import HISTORY_NAME, record_profile
 
+    record_profile(dest, dest.parent / HISTORY_NAME)
     pages.write_page(dest)
     if readme is not None:
         readme_path = Path(readme) if Path(readme).is_absolute() else root / readme

@@ -105,6 +105,35 @@ class ComparisonRecord(_Record):
     steps_to_target: str | None = None
 
 
+class Machine(_Record):
+    """The machine a timing was measured on, as the timing history matches sessions: the CPU
+    model (:func:`lmrepro.pipeline.provenance.cpu_model`) and the usable cores."""
+
+    cpu_model: str
+    cores: int
+
+    def text(self) -> str:
+        return f"{self.cpu_model}, {self.cores} core{'s' * (self.cores != 1)}"
+
+
+class PooledTiming(_Record):
+    """A timing ratio pooled over the sessions in which its suite ran on one machine
+    (:func:`lmrepro.pipeline.timing_history.pool_sessions`): the geometric mean ``ratio`` of
+    the sessions' geometric means and its two-sided ``confidence`` t interval ``[low, high]``
+    with the session as the unit (``basis`` "sessions", df = sessions - 1); with one session
+    the seed-level interval of its seeds (``basis`` "seeds"; none with one seed). ``seeds``:
+    the seeds over all sessions. Conclusive iff the interval excludes 1."""
+
+    ratio: float
+    low: float | None
+    high: float | None
+    sessions: int
+    seeds: int
+    basis: Literal["sessions", "seeds"]
+    confidence: float
+    conclusive: bool
+
+
 class ResourceRecord(_Record):
     """Speed and memory of a candidate configuration against a baseline configuration (each the
     mean over its runs, i.e. its seeds), with the timing spread
@@ -122,7 +151,8 @@ class ResourceRecord(_Record):
     per-seed log ratios (``speedup_halfwidth``, ``throughput_halfwidth``, ``wall_halfwidth``);
     with one run each (``timing_basis`` "steps") iff ``|ln x| > relative_spread``, the combined
     relative step-time spread ``rho`` (None when a side recorded no spread), and the caveat
-    says so."""
+    says so. ``pooled_throughput``: the throughput ratio pooled over every recorded session of
+    the suite on the same machine (the claims stage sets it from the timing history)."""
 
     label: str
     corpus: str
@@ -164,6 +194,15 @@ class ResourceRecord(_Record):
     throughput_conclusive: bool
     wall_conclusive: bool
     caveats: list[str]
+    # the timing history (docs/statistics.md, "Pooling the sessions"): the suite's identity
+    # key (lmrepro.pipeline.timing_history.suite_key), the seeds of the pairs and each pair's
+    # tokens/s ratio, and the machine; records written before the history have none
+    suite: str | None = None
+    timing_seeds: list[int] = []
+    throughput_ratios: list[float] = []
+    machine: Machine | None = None
+    # set by the claims stage from the history, never written by an analysis
+    pooled_throughput: PooledTiming | None = None
 
 
 class AnalysisRecords(_Record):

@@ -84,7 +84,9 @@ class Wing:
     * ``roles``: each maps a summary's method with each of its executors to a role (RGC splits
       by executor: a run without one is refused);
     * ``pairings``: ``(candidate role, baseline role)`` pairs, which roles a comparison judges
-      against which (docs/statistics.md);
+      against which (docs/statistics.md); ``timed``: those of them whose throughput each
+      publish records in the timing history, to be pooled over sessions
+      (:mod:`lmrepro.pipeline.timing_history`);
     * ``analyses``: each analysis stage (``results/<stage>/runs``) with the reference roles of
       its tables: throughput and memory, and communication (None: no communication table);
     * ``records``: stages whose ``results/analysis/<stage>/analysis.json`` the claims read
@@ -105,6 +107,7 @@ class Wing:
     name: str
     roles: tuple[Role, ...] = ()
     pairings: tuple[tuple[str, str], ...] = ()
+    timed: tuple[tuple[str, str], ...] = ()
     analyses: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
     records: tuple[str, ...] = ()
     section: Section | None = None
@@ -123,6 +126,7 @@ class _Vocabulary:
     methods: Mapping[str, Mapping[str | None, str]]       # method -> {executor: role}
     roles: Mapping[str, Role]
     pairings: tuple[tuple[str, str], ...]
+    timed: tuple[tuple[str, str], ...]
     stages: Mapping[str, tuple[str, str | None]]
     records: tuple[str, ...]                              # stages that only feed the claims
     sections: tuple[Section, ...]
@@ -154,6 +158,9 @@ def _vocabulary(wings: Sequence[Wing]) -> _Vocabulary:
             check(cand in roles and base in roles, f"{wing.name} pairing", (cand, base),
                   f"must name registered roles: {sorted(roles)}")
             pairings.append((cand, base))
+        for pair in wing.timed:
+            check(pair in wing.pairings, f"{wing.name} timed pairing", pair,
+                  f"must be one of its pairings: {list(wing.pairings)}")
         for stage, references in wing.analyses.items():
             check(stage not in stages, "stage", stage, "must be registered once")
             stages[stage] = references
@@ -165,8 +172,9 @@ def _vocabulary(wings: Sequence[Wing]) -> _Vocabulary:
             key = wing.section.key
             check(key not in sections, "section", key, "must be registered once")
             sections[key] = replace(wing.section, wing=wing.name)
-    return _Vocabulary(tuple(wings), methods, roles, tuple(pairings), stages, tuple(records),
-                       tuple(sections.values()))
+    timed = tuple(pair for wing in wings for pair in wing.timed)
+    return _Vocabulary(tuple(wings), methods, roles, tuple(pairings), timed, stages,
+                       tuple(records), tuple(sections.values()))
 
 
 def install(wings: Sequence[Wing]) -> None:
@@ -261,6 +269,11 @@ def pairings() -> tuple[tuple[str, str], ...]:
     same test judges SCAPE vs dense AdamW/AdamS and RGC vs global backprop"), as
     ``(candidate role, baseline role)`` pairs."""
     return _vocab().pairings
+
+
+def timed_pairings() -> tuple[tuple[str, str], ...]:
+    """The pairings whose throughput the timing history records and pools (:attr:`Wing.timed`)."""
+    return _vocab().timed
 
 
 def stages() -> Mapping[str, tuple[str, str | None]]:

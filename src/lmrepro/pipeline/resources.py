@@ -19,8 +19,9 @@ import pandas as pd
 
 from lmrepro.errors import check
 from lmrepro.pipeline.comparisons import pairings
-from lmrepro.pipeline.records import ResourceRecord
-from lmrepro.pipeline.runs import GIB, Run, Runs, config_label, load_runs, named_run, workers
+from lmrepro.pipeline.records import Machine, ResourceRecord
+from lmrepro.pipeline.runs import (GIB, Run, Runs, config_label, load_runs, named_run,
+                                   suite_identity, suite_key, workers)
 from lmrepro.results import BYTE_KINDS
 from lmrepro.stats import t_bounds
 
@@ -158,6 +159,9 @@ def relative_spread(candidate: StepTimes, baseline: StepTimes) -> float | None:
 
 #: the two-sided confidence of a timing ratio's run-level interval
 TIMING_CONFIDENCE = 0.95
+#: the caveat of a conclusive run-level interval: its seeds ran in one session
+ONE_SESSION_CAVEAT = ("the timing interval covers seeds run one after another on one machine, "
+                      "not a change of the machine's state between sessions")
 
 
 def run_halfwidth(log_ratios: Sequence[float], confidence: float = TIMING_CONFIDENCE
@@ -200,8 +204,7 @@ def resource_caveats(cands: Sequence[Run], bases: Sequence[Run], cores: int | No
             out.append(f"timing difference inside its run-level 95 % interval over "
                        f"{len(cands)} seeds ({low:.3g}x to {high:.3g}x)")
         else:
-            out.append("the timing interval covers seeds run one after another on one "
-                       "machine, not a change of the machine's state between sessions")
+            out.append(ONE_SESSION_CAVEAT)
     elif rho is None:
         out.append("no step-time spread recorded: timing verdict inconclusive")
     elif abs(math.log(speedup)) <= rho:
@@ -218,11 +221,13 @@ def _mean_or_none(values: Sequence[int | None]) -> float | None:
     return None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore
 
 
-def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceRecord]:
+def resource_comparisons(runs: Runs, cores: int | None = None,
+                         machine: Machine | None = None) -> list[ResourceRecord]:
     """Speed and memory of each configuration pair of
     :func:`~lmrepro.pipeline.registry.pairings` (same setting, runs paired by seed),
-    averaged over seeds, with the timing spread; ``cores``: the machine's cores (None: no
-    oversubscription check)."""
+    averaged over seeds, with the timing spread, the suite's identity and the per-seed
+    throughput ratios (what the timing history pools); ``cores``: the machine's cores (None: no
+    oversubscription check); ``machine``: where the runs ran (None: unknown)."""
     out = []
     for pairing in pairings(runs):
         bases, cands = pairing.bases, pairing.cands
@@ -265,7 +270,12 @@ def resource_comparisons(runs: Runs, cores: int | None = None) -> list[ResourceR
             speedup_conclusive=_conclusive(speedup, h["speedup"], rho),
             throughput_conclusive=_conclusive(throughput, h["throughput"], rho),
             wall_conclusive=_conclusive(wall, h["wall"], rho),
-            caveats=resource_caveats(cands, bases, cores, rho, speedup, h["speedup"])))
+            caveats=resource_caveats(cands, bases, cores, rho, speedup, h["speedup"]),
+            suite=suite_key(suite_identity(c.summary, b.summary)),
+            timing_seeds=[r.summary.seed for r in cands],
+            throughput_ratios=[x.summary.tokens_per_s / y.summary.tokens_per_s
+                               for x, y in zip(cands, bases, strict=True)],
+            machine=machine))
     return out
 
 

@@ -10,10 +10,16 @@ role, never by run name, so renaming a run changes no table.
 
 Seeds. Runs whose configuration differs only in the seed are replicates of one configuration
 (:func:`configuration_key`).
+
+Timings. Two sessions' timings of a candidate against a baseline are comparable when the
+suite is the same in what decides the work of a step (:func:`suite_identity`, keyed by
+:func:`suite_key`); the timing history pools such sessions on one machine
+(:mod:`lmrepro.pipeline.timing_history`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -83,6 +89,56 @@ def configuration_key(config: Mapping[str, Any]) -> str:
     names and seeds, as canonical JSON. Runs of one suite that differ only in the seed share it;
     runs of a learning-rate sweep do not."""
     return json.dumps(_without_names(dict(config)), sort_keys=True, default=str)
+
+
+#: the model's shape in an RGC summary written before the model had a section of its own
+MODEL_KEYS = ("n_layers", "d_model", "n_heads", "context", "mlp_ratio", "dropout",
+              "tie_embeddings")
+#: what that flat layout did not record because the RGC configuration fixed it
+FLAT_MODEL_FIXED = {"dropout": 0.0, "tie_embeddings": False}
+#: settings that change what a run learns, or when it stops to evaluate, save or give up, not
+#: the work of a training step: left out of a timing identity (:func:`timing_configuration`)
+NOT_TIMING = frozenset({
+    "name", "seed", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2", "eps",
+    "lr_schedule", "decay_fraction", "checkpoint_every", "eval_every", "eval_batch_size",
+    "eval_batches", "log_every", "timeout_s"})
+#: settings renamed since runs were first recorded: old name -> current name
+RENAMED_SETTINGS = {"threads_per_worker": "threads", "worker_timeout_s": "timeout_s"}
+
+
+def timing_configuration(summary: RunSummary) -> dict[str, Any]:
+    """What decides a run's time per step: method, executor, sparsity, processes, threads,
+    steps, the model's shape and every setting but those of :data:`NOT_TIMING` (the run's own
+    section included; renamed settings under their current name)."""
+    config = summary.config
+    flat = "settings" not in config and "model" not in config
+    model = config.get("model") or {**FLAT_MODEL_FIXED,
+                                    **{k: config[k] for k in MODEL_KEYS if k in config}}
+    settings: dict[str, Any] = {}
+    for part in (run_settings(config), config.get("run") or {}):
+        for key, value in part.items():
+            key = RENAMED_SETTINGS.get(key, key)
+            if key not in NOT_TIMING and key not in ("model", "run", "settings") \
+                    and not (flat and key in MODEL_KEYS):
+                settings[key] = value
+    return {"method": summary.method, "executor": summary.executor, "sparsity": summary.sparsity,
+            "processes": summary.processes, "threads": summary.threads, "steps": summary.steps,
+            "model": dict(model), "settings": settings}
+
+
+def suite_identity(candidate: RunSummary, baseline: RunSummary) -> dict[str, Any]:
+    """What makes two sessions' timings of a candidate against a baseline comparable: the
+    corpus and each side's :func:`timing_configuration` (never the seed, the code version or
+    the machine: the timing history matches the machine apart)."""
+    return {"corpus": candidate.corpus, "candidate": timing_configuration(candidate),
+            "baseline": timing_configuration(baseline)}
+
+
+def suite_key(identity: Mapping[str, Any]) -> str:
+    """A short key of a :func:`suite_identity`: the first 16 hex digits of the sha256 of its
+    canonical JSON."""
+    text = json.dumps(identity, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 RunSource = str | Path | Run

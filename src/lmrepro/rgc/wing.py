@@ -45,6 +45,8 @@ WING = Wing(
                 label_details=LABEL_DETAILS)),
     # docs/statistics.md: "... and RGC vs global backprop"
     pairings=((ROLE_RGC_ASYNC, ROLE_BACKPROP), (ROLE_RGC_SYNC, ROLE_BACKPROP)),
+    # the rgc-throughput claim's pairing: pooled over the sessions of the timing history
+    timed=((ROLE_RGC_ASYNC, ROLE_BACKPROP),),
     analyses={"rgc": (ROLE_BACKPROP, None)},
     # the training-length study (lmrepro rgc-scaling): its verdict point feeds the claims
     records=("rgc_scaling",),
