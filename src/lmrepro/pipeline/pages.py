@@ -90,23 +90,27 @@ def study_point(published: Path) -> tuple[dict[str, Any], Any] | None:
     return None
 
 
-def _pct(x: float) -> str:
-    return "n/a" if x is None or not math.isfinite(float(x)) else f"{100 * float(x):+.2f} %"
+def _pct(x: float, unit: str = " %") -> str:
+    return "n/a" if x is None or not math.isfinite(float(x)) else f"{100 * float(x):+.2f}{unit}"
 
 
 def summary(published: Path) -> str:
     """A published run's verdicts in one cell: a study's verdict point (each candidate's gap to
-    its baseline, its bounds and verdict, on the test split), else the claims' verdicts."""
+    its baseline in %, its one-sided bounds and verdict, on the test split, grouped by
+    baseline), else the claims' verdicts."""
     import pandas as pd
 
     study = study_point(published)
     if study is not None:
         point, rows = study
-        parts = [f"{r['candidate']} vs {r['baseline']} {_pct(r['mean'])} "
-                 f"[{_pct(r['lower'])}, {_pct(r['upper'])}]: {r['verdict']}"
-                 + ("" if str(r.get("testable")) == "True" else " (not testable)")
-                 for _, r in rows.iterrows()]
-        return f"{point['size']}, {point['steps']} steps: " + "; ".join(parts)
+        groups = []
+        for baseline, part in rows.groupby("baseline", sort=False):
+            items = [f"{r['candidate']} {_pct(r['mean'])} [{_pct(r['lower'], '')}, "
+                     f"{_pct(r['upper'], '')}] {r['verdict']}"
+                     + ("" if str(r.get("testable")) == "True" else " (not testable)")
+                     for _, r in part.iterrows()]
+            groups.append(f"vs {baseline}: " + "; ".join(items))
+        return f"{point['size']}, {point['steps']} steps, " + "; ".join(groups)
     claims = published / "results/analysis/claims.csv"
     if not claims.is_file():
         return "no verdicts published"
