@@ -22,7 +22,25 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class RunRecord(_Record):
+class _WithSetting(_Record):
+    """A record holding a run's ``setting`` (:func:`lmrepro.pipeline.runs.run_setting`)."""
+
+    setting: float | None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _under_its_name(cls, data: Any) -> Any:
+        # records written before the setting had a name of its own hold it under the name its
+        # wing gives it
+        if isinstance(data, dict) and "setting" not in data:
+            for name in registry.settings():
+                if name in data:
+                    data = {**{k: v for k, v in data.items() if k != name},
+                            "setting": data[name]}
+        return data
+
+
+class RunRecord(_WithSetting):
     """One run as the claims see it (``scale``: :func:`~lmrepro.pipeline.runs.run_scale`;
     ``configuration``: the label of the configuration it replicates, e.g. ``scape@90% p=2``)."""
 
@@ -31,7 +49,6 @@ class RunRecord(_Record):
     method: str
     corpus: str
     seed: int
-    sparsity: float | None
     processes: int
     threads: int
     steps: int
@@ -59,8 +76,8 @@ class RunRecord(_Record):
         return self.processes if registry.is_data_parallel(self.role) else None
 
 
-class ComparisonRecord(_Record):
-    """One non-inferiority test. Roles, methods, ``sparsity`` and ``processes`` are those of the
+class ComparisonRecord(_WithSetting):
+    """One non-inferiority test. Roles, methods, ``setting`` and ``processes`` are those of the
     first runs of each side; runs are paired by seed (``seeds``) and their per-batch losses by
     (seed, evaluation batch). ``upper_bound`` is the bound of the verdict, from ``level``
     (``seed`` with at least ``stats.min_seeds`` seeds, else ``batch``); both bounds are kept.
@@ -75,7 +92,6 @@ class ComparisonRecord(_Record):
     baseline_method: str
     candidate_runs: list[str]
     baseline_runs: list[str]
-    sparsity: float | None
     processes: int
     n_pairs: int
     n_seeds: int
@@ -134,7 +150,7 @@ class PooledTiming(_Record):
     conclusive: bool
 
 
-class ResourceRecord(_Record):
+class ResourceRecord(_WithSetting):
     """Speed and memory of a candidate configuration against a baseline configuration (each the
     mean over its runs, i.e. its seeds), with the timing spread
     (:func:`~lmrepro.pipeline.resources.timing_interval`).
@@ -162,7 +178,6 @@ class ResourceRecord(_Record):
     baseline_configuration: str
     candidate_runs: list[str]
     baseline_runs: list[str]
-    sparsity: float | None
     candidate_step_time_s: float
     baseline_step_time_s: float
     candidate_step_time_spread_s: float | None

@@ -90,10 +90,10 @@ def topk_unstable(records: AnalysisRecords) -> list[Measured]:
     topk = comparisons(records, ROLE_TOPK, ROLE_ADAMS)
     if not topk:
         return []
-    top = max(c.sparsity or 0.0 for c in topk)
+    top = max(c.setting or 0.0 for c in topk)      # the wing's setting: the sparsity
     out = []
     for c in topk:
-        if (c.sparsity or 0.0) != top:
+        if (c.setting or 0.0) != top:
             continue
         div, spikes = _unstable(records, c.candidate_runs)
         bdiv, bspikes = _unstable(records, c.baseline_runs)
@@ -204,7 +204,7 @@ def _quality(cid: str, sparsity: int, base: str, role: str) -> Claim:
         "same verdict: reproduced iff our paired test finds SCAPE non-inferior (one-sided "
         "upper bound U < the 1 % margin: the tolerance; seed-level t bound from 3 seeds); "
         "not testable unless the dense baseline ends >= 10 % below the trigram floor",
-        noninferiority_measure(ROLE_SCAPE, role, non_inferior=True, sparsity=sparsity / 100,
+        noninferiority_measure(ROLE_SCAPE, role, non_inferior=True, setting=sparsity / 100,
                                extra_caveats=sent_fraction),
         caveat=QUALITY_CAVEAT)
 

@@ -9,6 +9,7 @@ from lmrepro.results import RunDetails
 class ScapeDetails(RunDetails):
     """Written by :mod:`lmrepro.scape.trainer` (``None``: does not apply to the run's method)."""
 
+    sparsity: float | None = None              # the target fraction not sent (dense: 0)
     peak_rss_bytes_per_rank: list[int] | None = None
     device: str | None = None
     backend: str | None = None                 # torch.distributed backend (gloo, nccl)
