@@ -689,12 +689,22 @@ def test_an_rgc_label_shows_its_horizon_and_staleness(tmp_path: Path) -> None:
 
 def test_records_written_before_sparsity_was_the_one_name_read_in_it() -> None:
     """Published runs' records hold ``mean_density`` (the fraction sent): read as sparsity."""
-    from lmrepro.results import RunDetails, sparsity_from_density
+    from lmrepro.scape.details import ScapeDetails, sparsity_from_density
 
-    d = RunDetails.model_validate({"mean_density": 0.25, "final_test_bpb": 3.0})
+    d = ScapeDetails.model_validate({"mean_density": 0.25, "final_test_bpb": 3.0})
     assert d.mean_sparsity == 0.75 and "mean_density" not in d.model_dump()
-    assert RunDetails.model_validate({"mean_density": None}).mean_sparsity is None
+    assert ScapeDetails.model_validate({"mean_density": None}).mean_sparsity is None
     assert sparsity_from_density({"mean_sparsity": 0.9}) == {"mean_sparsity": 0.9}
+    # an analysis record of such a run: the facts its wing keeps, read the same
+    record = {"name": "s", "role": "scape", "method": "scape", "corpus": "c", "seed": 0,
+              "sparsity": 0.9, "processes": 2, "threads": 2, "steps": 10, "final_bpb": 3.0,
+              "mean_density": 0.25, "tokens_per_s": 1.0, "mean_step_time_s": 1.0,
+              "step_time_std_s": None, "peak_rss_bytes": 1, "scale": "", "configuration": ""}
+    read = A.RunRecord.model_validate(record)
+    assert read.setting == 0.9 and read.facts == {"mean_sparsity": 0.75}
+    assert A.RunRecord.model_validate(read.model_dump()) == read
+    with pytest.raises(ValueError, match="mean_density"):       # a record of today: strict
+        A.RunRecord.model_validate({**read.model_dump(), "mean_density": 0.25})
 
 
 def test_a_record_holding_the_setting_under_its_wings_name_reads_it_as_the_setting(

@@ -28,6 +28,7 @@ def test_methods_roles_and_pairings() -> None:
     assert registry.settings() == ("sparsity",)
     assert registry.identity_facts() == ("executor", "sparsity")
     assert list(registry.byte_kinds()) == ["grad_values", "param_values", "mask"]
+    assert registry.run_facts("topk") == ("mean_sparsity",) and registry.run_facts("rgc_sync") == ()
     assert registry.pairings() == (
         ("scape", "adamw"), ("scape", "adams"), ("scape_stale_m", "adamw"),
         ("scape_stale_m", "adams"), ("topk", "adamw"), ("topk", "adams"),
@@ -73,10 +74,12 @@ def test_the_wings_are_installed_explicitly_and_in_their_order() -> None:
 
 def test_the_shared_parts_name_no_method() -> None:
     """No string constant of the pipeline or results.py is a method or role name, or a fact or
-    byte kind a wing names (what splits its runs into roles, its labels, its setting)."""
+    byte kind a wing names (what splits its runs into roles, its labels, its setting, the facts
+    its records keep)."""
     roles = registry.roles().values()
     facts = ({r.by for r in roles} | {f for r in roles for _, f in r.label_details}
-             | set(registry.settings()) | set(registry.byte_kinds())) - {None}
+             | set(registry.settings()) | set(registry.byte_kinds())
+             | {f for w in registry.wings() for f in w.run_facts}) - {None}
     names = set(registry.methods()) | set(registry.roles()) | facts
     for path in [*sorted((SRC / "pipeline").glob("*.py")), SRC / "results.py"]:
         found = [n.value for n in ast.walk(ast.parse(path.read_text()))

@@ -51,15 +51,6 @@ LATEST = "latest.json"
 TOTAL = "total"          # the byte kind that sums the others (``bytes_total``)
 
 
-def sparsity_from_density(data: Any) -> Any:
-    """Older records' ``mean_density`` d (the fraction sent) read as ``mean_sparsity`` 1 - d."""
-    if isinstance(data, Mapping) and "mean_density" in data:
-        d = data["mean_density"]
-        data = {k: v for k, v in data.items() if k != "mean_density"}
-        data.setdefault("mean_sparsity", None if d is None else 1.0 - d)
-    return data
-
-
 class RunDetails(BaseModel):
     """A run's trainer-specific facts (``RunSummary.details``). Each wing declares a subclass
     with the facts its trainers record, for its methods
@@ -70,12 +61,6 @@ class RunDetails(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     final_test_bpb: float | None = None   # the final model on the test split (where scored)
-    mean_sparsity: float | None = None    # fraction of coordinates not sent, over the sparse steps
-
-    @model_validator(mode="before")
-    @classmethod
-    def _older(cls, data: Any) -> Any:
-        return sparsity_from_density(data)
 
     def fact(self, name: str) -> Any:
         """The fact ``name``, declared or kept from an older run (None when not recorded): what

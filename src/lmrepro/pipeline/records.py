@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from lmrepro.errors import check
 from lmrepro.io import read_json
 from lmrepro.pipeline import registry
-from lmrepro.results import sparsity_from_density
+from lmrepro.results import details_model
 from lmrepro.stats import StatsConfig
 
 ANALYSIS_FORMAT = "lmrepro.analysis/2"
@@ -20,6 +20,16 @@ ANALYSIS_FORMAT = "lmrepro.analysis/2"
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _setting_by_its_name(data: Any) -> Any:
+    """A record's setting, where it stands under the name its wing gives it (records written
+    before the setting had a name of its own), as ``setting``."""
+    if isinstance(data, dict) and "setting" not in data:
+        for name in registry.settings():
+            if name in data:
+                data = {**{k: v for k, v in data.items() if k != name}, "setting": data[name]}
+    return data
 
 
 class _WithSetting(_Record):
@@ -30,14 +40,7 @@ class _WithSetting(_Record):
     @model_validator(mode="before")
     @classmethod
     def _under_its_name(cls, data: Any) -> Any:
-        # records written before the setting had a name of its own hold it under the name its
-        # wing gives it
-        if isinstance(data, dict) and "setting" not in data:
-            for name in registry.settings():
-                if name in data:
-                    data = {**{k: v for k, v in data.items() if k != name},
-                            "setting": data[name]}
-        return data
+        return _setting_by_its_name(data)
 
 
 class RunRecord(_WithSetting):
@@ -56,7 +59,6 @@ class RunRecord(_WithSetting):
     diverged_at_step: int | None = None
     final_test_bpb: float | None = None
     loss_spikes: int = 0
-    mean_sparsity: float | None = None     # sparse methods: mean fraction not sent per step
     tokens_per_s: float
     mean_step_time_s: float
     step_time_std_s: float | None
@@ -64,11 +66,22 @@ class RunRecord(_WithSetting):
     peak_pss_bytes: int | None = None
     scale: str
     configuration: str
+    facts: dict[str, Any] = {}    # what its wing keeps of its details (Wing.run_facts)
 
     @model_validator(mode="before")
     @classmethod
-    def _older(cls, data: Any) -> Any:
-        return sparsity_from_density(data)
+    def _facts_in_their_place(cls, data: Any) -> Any:
+        # records written before the facts had a place of their own hold them beside the common
+        # fields: read as the details class of the run's method reads them (older names too)
+        data = _setting_by_its_name(data)
+        if not isinstance(data, dict) or "facts" in data:
+            return data
+        beside = [k for k in data if k not in cls.model_fields]
+        if not beside:
+            return data
+        read = details_model(data.get("method")).model_validate({k: data[k] for k in beside})
+        facts = {k: v for k, v in read.model_dump(exclude_unset=True).items() if v is not None}
+        return {**{k: v for k, v in data.items() if k not in beside}, "facts": facts}
 
     @property
     def world_size(self) -> int | None:

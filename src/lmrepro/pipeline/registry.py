@@ -101,6 +101,8 @@ class Wing:
     * ``byte_kinds``: the kinds of bytes its runs hand to collectives (``bytes_<kind>`` in the
       metrics, ``RunSummary.bytes_per_step`` beside the total), each with its name in words,
       in the order the tables and plots show them;
+    * ``run_facts``: the facts of its runs' details that the analysis records keep for its
+      claims (``RunRecord.facts``);
     * ``claims``: the module holding its ``CLAIMS``
       (:class:`lmrepro.pipeline.claims.Claim`, in table order), and ``tables``: the module
       holding its table vocabulary, ``COLUMNS`` (name -> :class:`lmrepro.pipeline.tables.Column`)
@@ -121,6 +123,7 @@ class Wing:
     details: Mapping[str, type[RunDetails]] = field(default_factory=dict)
     setting: str | None = None
     byte_kinds: Mapping[str, str] = field(default_factory=dict)
+    run_facts: tuple[str, ...] = ()
     claims: str | None = None
     tables: str | None = None
     report: Report | None = None
@@ -286,11 +289,22 @@ def data_parallel_roles() -> tuple[str, ...]:
     return tuple(r.name for r in roles().values() if r.data_parallel)
 
 
+def _wing_of(role_name: str) -> Wing | None:
+    found = _vocab().roles.get(role_name)
+    return next((w for w in _vocab().wings if found and w.name == found.wing), None)
+
+
 def setting(name: str) -> str | None:
     """The fact that is the setting of role ``name``'s runs (:attr:`Wing.setting`; None when
     its wing has none or the role is unknown)."""
-    found = _vocab().roles.get(name)
-    return next((w.setting for w in _vocab().wings if found and w.name == found.wing), None)
+    wing = _wing_of(name)
+    return None if wing is None else wing.setting
+
+
+def run_facts(name: str) -> tuple[str, ...]:
+    """The facts of role ``name``'s runs the analysis records keep (:attr:`Wing.run_facts`)."""
+    wing = _wing_of(name)
+    return () if wing is None else wing.run_facts
 
 
 def settings() -> tuple[str, ...]:

@@ -216,6 +216,13 @@ def run_setting(run: Run) -> Any:
     return None if name is None else run.summary.details.fact(name)
 
 
+def recorded_facts(run: Run) -> dict[str, Any]:
+    """The facts of the run's details its wing has the analysis records keep
+    (:func:`lmrepro.pipeline.registry.run_facts`), those the run recorded."""
+    facts = {name: run.summary.details.fact(name) for name in registry.run_facts(run.role)}
+    return {name: value for name, value in facts.items() if value is not None}
+
+
 def config_label(run: Run, with_lr: bool = False) -> str:
     """A configuration in words: method, the details its role shows
     (:attr:`lmrepro.pipeline.registry.Role.label_details`), data-parallel workers (and the

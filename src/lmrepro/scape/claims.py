@@ -190,7 +190,7 @@ LOGS_RULE = ("consistent with the authors' logs iff their measured figure (SCAPE
 def sent_fraction(c: ComparisonRecord, records: AnalysisRecords) -> tuple[str, ...]:
     """The fraction of coordinates the candidate runs actually sent per step on average (the
     sparsity warm-up included): "99 % sparsity" sends more than 1 % while it warms up."""
-    s = [records.run(n).mean_sparsity for n in c.candidate_runs]
+    s = [records.run(n).facts.get("mean_sparsity") for n in c.candidate_runs]
     if not s or any(x is None for x in s):
         return ()
     return (f"SCAPE sent {1.0 - sum(s) / len(s):.1%} of the coordinates per step on average "

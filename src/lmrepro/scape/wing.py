@@ -51,6 +51,8 @@ WING = Wing(
     # what the optimizers hand to collectives (lmrepro.optim.comm)
     byte_kinds={"grad_values": "gradient values", "param_values": "parameter values",
                 "mask": "mask"},
+    # what the claims read of a run besides its records' common fields (sent_fraction)
+    run_facts=("mean_sparsity",),
     claims="lmrepro.scape.claims",
     tables="lmrepro.scape.columns",
     report=Report(scale, metrics=("results/scape/metrics.json",),
