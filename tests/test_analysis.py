@@ -26,6 +26,7 @@ from lmrepro.pipeline import analysis as A
 from lmrepro.pipeline import claims as C
 from lmrepro.pipeline import comparisons
 from lmrepro.pipeline import plots as P
+from lmrepro.results import RunDetails
 from lmrepro.baseline.roles import ROLE_BACKPROP
 from lmrepro.rgc.roles import ROLE_RGC_ASYNC, ROLE_RGC_SYNC
 from lmrepro.scape.roles import ROLE_ADAMS, ROLE_ADAMW, ROLE_SCAPE, ROLE_TOPK
@@ -58,7 +59,7 @@ def test_baseline_must_be_one_of_the_runs(tmp_path: Path) -> None:
 
 def test_memory_table_gib_and_ratio(tmp_path: Path) -> None:
     runs = {"bp": make_run(tmp_path, "bp", "backprop", peak_gib=2.0),
-            "rgc": make_run(tmp_path, "rgc", "rgc", executor="async", peak_gib=4.5)}
+            "rgc": make_run(tmp_path, "rgc", "rgc", details={"executor": "async"}, peak_gib=4.5)}
     df = A.memory_table(runs, baseline="bp").set_index("run")
     assert df.loc["rgc", "peak_gib"] == 4.5
     assert df.loc["rgc", "ratio_vs_baseline"] == 2.25
@@ -71,9 +72,9 @@ def test_communication_table(tmp_path: Path) -> None:
     runs = {
         "dense": make_run(tmp_path, "dense", "adams", bytes_per_step=dense, processes=4),
         "scape": make_run(tmp_path, "scape", "scape", bytes_per_step=sparse, processes=4,
-                          sparsity=0.9),
+                          details={"sparsity": 0.9}),
         # bytes per step summarised from the metrics' bytes_* fields
-        "topk": make_run(tmp_path, "topk", "topk", processes=4, sparsity=0.9,
+        "topk": make_run(tmp_path, "topk", "topk", processes=4, details={"sparsity": 0.9},
                          metrics_bytes={"grad_values": 10.0, "param_values": 20.0, "mask": 30.0,
                                         "total": 60.0}, steps=3),
         "single": make_run(tmp_path, "single", "adamw"),  # no communication: left out
@@ -97,22 +98,23 @@ def test_role_from_method_and_executor(tmp_path: Path) -> None:
     assert [A.run_role(m) for m in (Method.ADAMW, "adams", Method.SCAPE, Method.TOPK,
                                      Method.BACKPROP)] == [ROLE_ADAMW, ROLE_ADAMS, ROLE_SCAPE,
                                                           ROLE_TOPK, ROLE_BACKPROP]
-    assert A.run_role(Method.BACKPROP, executor="backprop") == ROLE_BACKPROP
-    assert A.run_role(Method.RGC, executor="async") == ROLE_RGC_ASYNC
-    assert A.run_role(Method.RGC, executor="sync") == ROLE_RGC_SYNC
+    assert A.run_role(Method.BACKPROP, RunDetails(executor="backprop")) == ROLE_BACKPROP
+    assert A.run_role(Method.RGC, RunDetails(executor="async")) == ROLE_RGC_ASYNC
+    assert A.run_role(Method.RGC, RunDetails(executor="sync")) == ROLE_RGC_SYNC
     # no guessing from spellings: an unknown method or an RGC run without its executor is refused
     for method, executor, name in [("topk_ef", None, "method"), ("AdamW", None, "method"),
-                                   ("rgc_async", None, "method"), (Method.RGC, None, "executor"),
-                                   (Method.SCAPE, "async", "executor")]:
+                                   ("rgc_async", None, "method"),
+                                   (Method.RGC, None, "details.executor"),
+                                   (Method.RGC, "backprop", "details.executor")]:
         with pytest.raises(ParameterError) as info:
-            A.run_role(method, executor)
+            A.run_role(method, RunDetails(executor=executor))
         assert info.value.name == name
     with pytest.raises(ParameterError, match=r"must be one of \['backprop', 'adamw'"):
         A.run_role("sgd")
     # the role of a loaded run comes from its summary
-    run = A.load_run("r", make_run(tmp_path, "r", "rgc", executor="sync"))
+    run = A.load_run("r", make_run(tmp_path, "r", "rgc", details={"executor": "sync"}))
     assert run.role == ROLE_RGC_SYNC and run.world_size is None
-    run = A.load_run("s", make_run(tmp_path, "s", "scape", sparsity=0.9, processes=4))
+    run = A.load_run("s", make_run(tmp_path, "s", "scape", details={"sparsity": 0.9}, processes=4))
     assert run.role == ROLE_SCAPE and run.world_size == 4
 
 
@@ -121,9 +123,9 @@ def test_noninferiority_table_matches_the_test_on_pooled_pairs(tmp_path: Path) -
     for seed in (0, 1):
         runs[f"bp{seed}"] = make_run(tmp_path, f"bp{seed}", "backprop", seed=seed)
         # the shape lmrepro.rgc writes: method "rgc" and the executor
-        runs[f"rgc{seed}"] = make_run(tmp_path, f"rgc{seed}", "rgc", executor="async",
+        runs[f"rgc{seed}"] = make_run(tmp_path, f"rgc{seed}", "rgc", details={"executor": "async"},
                                       seed=seed, rel=0.03)
-        runs[f"sync{seed}"] = make_run(tmp_path, f"sync{seed}", "rgc", executor="sync",
+        runs[f"sync{seed}"] = make_run(tmp_path, f"sync{seed}", "rgc", details={"executor": "sync"},
                                        seed=seed, rel=0.0)
     runs["single"] = make_run(tmp_path, "single", "adamw")  # no SCAPE/top-k run: not compared
     df = A.noninferiority_table(runs, stats=STATS)
@@ -150,7 +152,7 @@ def test_noninferiority_table_matches_the_test_on_pooled_pairs(tmp_path: Path) -
 
 def test_explicit_comparisons_and_pairing_checks(tmp_path: Path) -> None:
     runs = {"a": make_run(tmp_path, "a", "adamw"),
-            "b": make_run(tmp_path, "b", "scape", rel=0.002, sparsity=0.9),
+            "b": make_run(tmp_path, "b", "scape", rel=0.002, details={"sparsity": 0.9}),
             "short": make_run(tmp_path, "short", "scape", losses=base_losses()[:10]),
             "other": make_run(tmp_path, "other", "scape", corpus="enwik8")}
     df = A.noninferiority_table(runs, [("a", "b")], stats=STATS)
@@ -166,7 +168,7 @@ def test_diverged_candidate_is_not_non_inferior(tmp_path: Path) -> None:
     losses = base_losses()
     losses[5] = float("nan")
     runs = {"adams": make_run(tmp_path, "adams", "adams", processes=2),
-            "topk": make_run(tmp_path, "topk", "topk", losses=losses, sparsity=0.99,
+            "topk": make_run(tmp_path, "topk", "topk", losses=losses, details={"sparsity": 0.99},
                              processes=2)}
     df = A.noninferiority_table(runs, stats=STATS)
     assert len(df) == 1
@@ -182,22 +184,23 @@ def full_profile(root: Path, with_enwik8: bool) -> dict[str, Path]:
     runs = {
         "adamw": make_run(root, "adamw", "adamw", processes=4, step_time=1.2, bytes_per_step=d),
         "adams": make_run(root, "adams", "adams", processes=4, step_time=1.0, bytes_per_step=d),
-        "scape90": make_run(root, "scape90", "scape", processes=4, sparsity=0.9,
+        "scape90": make_run(root, "scape90", "scape", processes=4, details={"sparsity": 0.9},
                             step_time=0.5, rel=0.001,
                             config={"model": {"n_layers": 4, "d_model": 32}}),
-        "scape99": make_run(root, "scape99", "scape", processes=4, sparsity=0.99,
+        "scape99": make_run(root, "scape99", "scape", processes=4, details={"sparsity": 0.99},
                             step_time=0.4, rel=0.05),  # quality lost: claim not reproduced
-        "topk99": make_run(root, "topk99", "topk", processes=4, sparsity=0.99, rel=0.2),
-        "bp": make_run(root, "bp", "backprop", executor="backprop", corpus="tinystories",
-                       tps=1000.0, peak_gib=2.0, threads=8, **rgc_shape),
-        "rgc": make_run(root, "rgc", "rgc", executor="async", corpus="tinystories", tps=800.0,
-                        peak_gib=4.0, rel=0.03, processes=4, threads=8, **rgc_shape),
-        "sync": make_run(root, "sync", "rgc", executor="sync", corpus="tinystories",
+        "topk99": make_run(root, "topk99", "topk", processes=4, details={"sparsity": 0.99},
+                           rel=0.2),
+        "bp": make_run(root, "bp", "backprop", details={"executor": "backprop"},
+                       corpus="tinystories", tps=1000.0, peak_gib=2.0, threads=8, **rgc_shape),
+        "rgc": make_run(root, "rgc", "rgc", details={"executor": "async"}, corpus="tinystories",
+                        tps=800.0, peak_gib=4.0, rel=0.03, processes=4, threads=8, **rgc_shape),
+        "sync": make_run(root, "sync", "rgc", details={"executor": "sync"}, corpus="tinystories",
                          tps=500.0, threads=8),
     }
     if with_enwik8:
         runs["bp8"] = make_run(root, "bp8", "backprop", corpus="enwik8", tps=1000.0)
-        runs["rgc8"] = make_run(root, "rgc8", "rgc", executor="async", corpus="enwik8",
+        runs["rgc8"] = make_run(root, "rgc8", "rgc", details={"executor": "async"}, corpus="enwik8",
                                 tps=1500.0, rel=0.0, noise=0.001)
     return runs
 
@@ -357,7 +360,8 @@ def test_three_seeds_pair_by_seed_and_decide_at_the_seed_level(tmp_path: Path) -
     runs = {}
     for seed, offset in [(0, -0.004), (1, 0.002), (2, 0.016)]:
         runs[f"s{seed}/bp"] = make_run(tmp_path / f"s{seed}", "bp", "backprop", seed=seed)
-        runs[f"s{seed}/rgc"] = make_run(tmp_path / f"s{seed}", "rgc", "rgc", executor="async",
+        runs[f"s{seed}/rgc"] = make_run(tmp_path / f"s{seed}", "rgc", "rgc",
+                                        details={"executor": "async"},
                                         seed=seed, rel=offset, noise=0.002)
     (outcome,) = A.run_comparisons(runs, stats=STATS)
     c = outcome.record
@@ -381,9 +385,10 @@ def test_three_seeds_pair_by_seed_and_decide_at_the_seed_level(tmp_path: Path) -
 def test_analysis_stage_reads_the_profile_seeds_only(tmp_path: Path) -> None:
     stage = tmp_path / "results" / "rgc" / "runs" / "shakespeare"
     for seed in (0, 1, 2):
-        make_run(stage / f"seed{seed}", "backprop", "backprop", executor="backprop", seed=seed)
-        make_run(stage / f"seed{seed}", "rgc-async", "rgc", executor="async", seed=seed,
-                 rel=0.001)
+        make_run(stage / f"seed{seed}", "backprop", "backprop", details={"executor": "backprop"},
+                 seed=seed)
+        make_run(stage / f"seed{seed}", "rgc-async", "rgc", details={"executor": "async"},
+                 seed=seed, rel=0.001)
     out = tmp_path / "results" / "analysis"
     result = A.analysis_stage("rgc", STATS, tmp_path / "results", out, seeds=[0, 2])
     assert sorted(result["runs"]) == ["shakespeare/seed0/backprop", "shakespeare/seed0/rgc-async",
@@ -404,7 +409,7 @@ def test_replicates_are_runs_that_differ_only_in_the_seed(tmp_path: Path) -> Non
                                   config={"settings": {"lr": lr}, "run": {"name": name}})
     for seed in (0, 1):
         runs[f"scape-s{seed}"] = make_run(tmp_path, f"scape-s{seed}", "scape", processes=2,
-                                          sparsity=0.9, seed=seed,
+                                          details={"sparsity": 0.9}, seed=seed,
                                           config={"settings": {"lr": 2e-3},
                                                   "run": {"name": f"scape-s{seed}"}})
     comps = A.default_comparisons(runs)
@@ -512,7 +517,7 @@ def paired_suite(root: Path, scape_times: list[float], spread: float) -> dict[st
         runs[f"adams-{seed}"] = make_run(root, f"adams-{seed}", "adams", seed=seed, processes=2,
                                          step_time=1.0, tps=1000.0, step_spread=spread)
         runs[f"scape-{seed}"] = make_run(root, f"scape-{seed}", "scape", seed=seed, processes=2,
-                                         sparsity=0.9, step_time=t, tps=1000.0 / t,
+                                         details={"sparsity": 0.9}, step_time=t, tps=1000.0 / t,
                                          step_spread=spread)
     return runs
 
@@ -599,7 +604,7 @@ def test_loss_spikes_count_losses_far_above_the_recent_median() -> None:
 def test_topk_instability_needs_spikes_or_divergence(tmp_path: Path) -> None:
     import json
 
-    runs = {n: make_run(tmp_path, n, m, processes=2, sparsity=s, rel=r)
+    runs = {n: make_run(tmp_path, n, m, processes=2, details={"sparsity": s}, rel=r)
             for n, m, s, r in (("adams", "adams", 0.0, 0.0), ("topk99", "topk", 0.99, 0.2))}
     lines = [json.dumps({"step": i, "loss": 6.0 if i == 70 else 3.0, "lr": 1e-3,
                          "step_time_s": 1.0}) for i in range(100)]
@@ -670,11 +675,11 @@ def test_bytes_plot_leaves_out_a_kind_no_run_sends(tmp_path: Path) -> None:
 
 
 def test_an_rgc_label_shows_its_horizon_and_staleness(tmp_path: Path) -> None:
-    lock = make_run(tmp_path, "lock", "rgc", executor="sync",
-                    details={"horizon": 2, "consensus_staleness": 0})
-    stale = make_run(tmp_path, "stale", "rgc", executor="async",
-                     details={"horizon": 1, "consensus_staleness": 1})
-    older = make_run(tmp_path, "older", "rgc", executor="async")   # recorded neither
+    lock = make_run(tmp_path, "lock", "rgc",
+                    details={"executor": "sync", "horizon": 2, "consensus_staleness": 0})
+    stale = make_run(tmp_path, "stale", "rgc",
+                     details={"executor": "async", "horizon": 1, "consensus_staleness": 1})
+    older = make_run(tmp_path, "older", "rgc", details={"executor": "async"})   # recorded neither
     bp = make_run(tmp_path, "bp", "backprop", details={"horizon": None})
     assert A.config_label(A.load_run("x", lock)) == "rgc-sync H=2 s=0"
     assert A.config_label(A.load_run("x", stale)) == "rgc-async H=1 s=1"
@@ -684,9 +689,38 @@ def test_an_rgc_label_shows_its_horizon_and_staleness(tmp_path: Path) -> None:
 
 def test_records_written_before_sparsity_was_the_one_name_read_in_it() -> None:
     """Published runs' records hold ``mean_density`` (the fraction sent): read as sparsity."""
-    from lmrepro.results import RunDetails, sparsity_from_density
+    from lmrepro.scape.details import ScapeDetails, sparsity_from_density
 
-    d = RunDetails.model_validate({"mean_density": 0.25, "final_test_bpb": 3.0})
+    d = ScapeDetails.model_validate({"mean_density": 0.25, "final_test_bpb": 3.0})
     assert d.mean_sparsity == 0.75 and "mean_density" not in d.model_dump()
-    assert RunDetails.model_validate({"mean_density": None}).mean_sparsity is None
+    assert ScapeDetails.model_validate({"mean_density": None}).mean_sparsity is None
     assert sparsity_from_density({"mean_sparsity": 0.9}) == {"mean_sparsity": 0.9}
+    # an analysis record of such a run: the facts its wing keeps, read the same
+    record = {"name": "s", "role": "scape", "method": "scape", "corpus": "c", "seed": 0,
+              "sparsity": 0.9, "processes": 2, "threads": 2, "steps": 10, "final_bpb": 3.0,
+              "mean_density": 0.25, "tokens_per_s": 1.0, "mean_step_time_s": 1.0,
+              "step_time_std_s": None, "peak_rss_bytes": 1, "scale": "", "configuration": ""}
+    read = A.RunRecord.model_validate(record)
+    assert read.setting == 0.9 and read.facts == {"mean_sparsity": 0.75}
+    assert A.RunRecord.model_validate(read.model_dump()) == read
+    with pytest.raises(ValueError, match="mean_density"):       # a record of today: strict
+        A.RunRecord.model_validate({**read.model_dump(), "mean_density": 0.25})
+
+
+def test_a_record_holding_the_setting_under_its_wings_name_reads_it_as_the_setting(
+        tmp_path: Path) -> None:
+    """Published analysis.json records hold SCAPE's setting as ``sparsity``: read, it is the
+    record's ``setting``; the analysis writes it as ``setting`` (the run's, from its details)."""
+    runs = {"adamw": make_run(tmp_path, "adamw", "adamw", processes=2,
+                              details={"sparsity": 0.0}),
+            "scape": make_run(tmp_path, "scape", "scape", processes=2, rel=0.001,
+                              details={"sparsity": 0.9})}
+    records = A.analysis_records(runs, stats=STATS)
+    assert [r.setting for r in records.runs] == [0.0, 0.9]
+    assert [c.setting for c in records.comparisons] == [0.9]
+    data = records.model_dump(mode="json")
+    assert "sparsity" not in data["comparisons"][0] and "setting" in data["resources"][0]
+    for group in ("runs", "comparisons", "resources"):
+        for r in data[group]:
+            r["sparsity"] = r.pop("setting")
+    assert A.AnalysisRecords.model_validate(data) == records

@@ -210,17 +210,18 @@ def write_runs(proj: Path) -> None:
     rgc = proj / "results" / "rgc" / "runs" / "shakespeare"
     for seed in (0, 1):
         for name, method, extra in [("adamw", "adamw", {}), ("adams", "adams", {}),
-                                    ("scape90", "scape", {"sparsity": 0.9}),
-                                    ("topk99", "topk", {"sparsity": 0.99})]:
+                                    ("scape90", "scape", {"details": {"sparsity": 0.9}}),
+                                    ("topk99", "topk", {"details": {"sparsity": 0.99}})]:
             make_run(scape / f"seed{seed}", name, method, seed=seed, processes=2, threads=2,
                      rel=0.05 * (method == "topk"), **extra,
                      bytes_per_step={"grad_values": 10.0, "param_values": 0.0, "mask": 0.0,
                                      "total": 10.0})
         idle = {"rss": 300 * 2**20, "pss": 120 * 2**20, "uss": 100 * 2**20}
-        make_run(rgc / f"seed{seed}", "backprop", "backprop", executor="backprop", seed=seed,
-                 peak_pss_bytes=800 * 2**20, idle_torch_process=idle)
-        make_run(rgc / f"seed{seed}", "rgc-async", "rgc", executor="async", seed=seed,
-                 rel=0.004, processes=2, peak_pss_bytes=1100 * 2**20, idle_torch_process=idle)
+        make_run(rgc / f"seed{seed}", "backprop", "backprop", details={"executor": "backprop"},
+                 seed=seed, peak_pss_bytes=800 * 2**20, idle_torch_process=idle)
+        make_run(rgc / f"seed{seed}", "rgc-async", "rgc", details={"executor": "async"},
+                 seed=seed, rel=0.004, processes=2, peak_pss_bytes=1100 * 2**20,
+idle_torch_process=idle)
 
 
 @pytest.mark.slow

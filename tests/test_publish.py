@@ -37,10 +37,10 @@ def finished_run(root: Path, profile: str = "reference") -> Path:
     atomic_write_json(root / "results/params.json", {"profile": profile, "seeds": [0, 1]})
     for seed in (0, 1):
         where = root / "results/rgc/runs/shakespeare" / f"seed{seed}"
-        for name, method, extra in [("backprop", "backprop", {"executor": "backprop"}),
-                                    ("rgc-async", "rgc", {"executor": "async"})]:
+        for name, method, executor in [("backprop", "backprop", "backprop"),
+                                       ("rgc-async", "rgc", "async")]:
             run = make_run(where, name, method, seed=seed, rel=0.004 * (method == "rgc"),
-                           **extra)
+                           details={"executor": executor})
             (run / "checkpoints" / "step_0000010").mkdir(parents=True)
             (run / "checkpoints" / "step_0000010" / "rank0.pt").write_bytes(b"weights")
     atomic_write_json(root / "results/rgc/metrics.json", {"x": 1})

@@ -46,7 +46,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory):
 def test_async_matches_sync_math_and_writes_results(straight) -> None:
     r, out = straight
     s = read_run(out)["summary"]
-    assert s["executor"] == "async" and s["method"] == "rgc" and s["threads"] == 2
+    assert s["details"]["executor"] == "async" and s["method"] == "rgc" and s["threads"] == 2
     assert s["details"]["threads_per_process"] == [1, 1] and s["processes"] == 2
     assert r.tokens_per_s > 0
     # the whole process tree is measured: parent + 2 stage processes, each with torch loaded

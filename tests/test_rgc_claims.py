@@ -22,7 +22,7 @@ GIB = 2**30
 
 def run(name: str, role: str, threads: int, processes: int) -> RunRecord:
     return RunRecord(name=name, role=role, method="rgc" if role == ROLE_RGC_ASYNC else "backprop",
-                     corpus="shakespeare", seed=0, sparsity=None, processes=processes,
+                     corpus="shakespeare", seed=0, setting=None, processes=processes,
                      threads=threads, steps=10, final_bpb=4.0, tokens_per_s=1000.0,
                      mean_step_time_s=1.0, step_time_std_s=0.01, peak_rss_bytes=GIB,
                      scale="tiny", configuration=name)
@@ -39,7 +39,7 @@ def records(*, tps: tuple[float, float] = (1000.0, 1000.0),
         label="rgc_async vs backprop", corpus="shakespeare", candidate_role=ROLE_RGC_ASYNC,
         baseline_role=ROLE_BACKPROP, candidate_configuration=c.configuration,
         baseline_configuration=b.configuration, candidate_runs=[c.name], baseline_runs=[b.name],
-        sparsity=None, candidate_step_time_s=1.0, baseline_step_time_s=tps[0] / tps[1],
+        setting=None, candidate_step_time_s=1.0, baseline_step_time_s=tps[0] / tps[1],
         candidate_step_time_spread_s=0.01, baseline_step_time_spread_s=0.01,
         candidate_steps=10, baseline_steps=10, candidate_tokens_per_s=tps[0],
         baseline_tokens_per_s=tps[1], candidate_threads=threads[0], baseline_threads=threads[1],

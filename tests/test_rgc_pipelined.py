@@ -38,7 +38,7 @@ def test_pipelined_backprop_equals_the_backprop_executor(stages_per_worker: list
     p = train(c, "pipelined_backprop", TRAIN, VAL, tmp_path / "p")
     b = train(c, "backprop", TRAIN, VAL)
     s = p.summary
-    assert s["method"] == "backprop" and s["executor"] == "pipelined_backprop"
+    assert s["method"] == "backprop" and s["details"]["executor"] == "pipelined_backprop"
     assert s["processes"] == 2 and s["details"]["placement"] == c.placement
     assert s["config"]["settings"]["horizon"] == 4
     assert s["config"]["settings"]["consensus_staleness"] == 0

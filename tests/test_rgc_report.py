@@ -14,12 +14,13 @@ MIB = 2**20
 
 def summary(name: str, executor: str, rss: int, pss: int, processes: int, **kw: object
             ) -> dict:
-    return {"name": name, "executor": executor,
+    return {"name": name,
             "method": "backprop" if executor == "backprop" else "rgc", "corpus": "c",
             "seed": 0, "final_bpb": 4.0, "tokens_per_s": 100.0, "peak_rss_bytes": rss * MIB,
             "peak_pss_bytes": pss * MIB, "peak_uss_bytes": pss * MIB, "processes": processes,
             "idle_torch_process": {"rss": 300 * MIB, "pss": 250 * MIB, "uss": 100 * MIB},
-            "details": {"memory_processes": 1 + processes if executor == "async" else 1}, **kw}
+            "details": {"executor": executor,
+                        "memory_processes": 1 + processes if executor == "async" else 1}, **kw}
 
 
 def test_memory_split_charges_each_extra_process_one_idle_runtime() -> None:

@@ -46,8 +46,9 @@ def test_run_writes_results_layout_and_learns(executor: str, tmp_path: Path) -> 
     run = read_run(tmp_path / "run")
     s = run["summary"]
     for key in ("name", "method", "corpus", "steps", "tokens", "final_bpb", "tokens_per_s",
-                "mean_step_time_s", "peak_rss_bytes", "seed", "executor", "threads"):
+                "mean_step_time_s", "peak_rss_bytes", "seed", "threads"):
         assert key in s, key
+    assert s["details"]["executor"] == executor                     # RGCDetails, BackpropDetails
     assert s["method"] == ("backprop" if executor == "backprop" else "rgc")
     assert s["corpus"] == "austen" and s["steps"] == 12 and s["tokens"] == 12 * 4 * 16
     assert s["final_bpb"] == pytest.approx(r.final_bpb)

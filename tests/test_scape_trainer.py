@@ -56,9 +56,9 @@ def test_single_process_run_layout(corpus, tmp_path, monkeypatch, optimizer, spa
     r = read_run(out)
     s = r["summary"]
     for key in ("name", "method", "corpus", "steps", "tokens", "final_bpb", "tokens_per_s",
-                "mean_step_time_s", "peak_rss_bytes", "seed", "processes", "sparsity",
-                "bytes_per_step"):
+                "mean_step_time_s", "peak_rss_bytes", "seed", "processes", "bytes_per_step"):
         assert key in s, key
+    assert s["details"]["sparsity"] == sparsity              # ScapeDetails, the wing's setting
     assert s["method"] == run.method.value and s["processes"] == 1 and s["steps"] == 6
     assert s["tokens"] == 6 * 4 * 32 and s["diverged_at_step"] is None
     assert len(r["eval_losses"]) == 2 and 0 < s["final_bpb"] < 9

@@ -110,7 +110,7 @@ def summary(method: str, executor: str, config: dict, threads: int = 2, processe
     return RunSummary(name=executor, method=method, corpus=corpus, seed=seed, steps=300,
                       tokens=1, final_bpb=3.5, tokens_per_s=1.0, mean_step_time_s=1.0,
                       train_time_s=1.0, peak_rss_bytes=1, n_params=1, processes=processes,
-                      threads=threads, executor=executor, config=config)
+                      threads=threads, details={"executor": executor}, config=config)
 
 
 def key(config: dict, **kw) -> str:
@@ -206,10 +206,10 @@ def published_profile(root: Path, tps: dict[int, tuple[float, float]], commit: s
     config = {"model": MODEL, "settings": SETTINGS}
     for seed, (a, b) in tps.items():
         runs = folder / "results" / "rgc" / "runs" / "shakespeare" / f"seed{seed}"
-        make_run(runs, "rgc-async", "rgc", executor="async", seed=seed, tps=a, processes=2,
-                 threads=2, config=config)
-        make_run(runs, "backprop", "backprop", executor="backprop", seed=seed, tps=b,
-                 threads=2, config=config)
+        make_run(runs, "rgc-async", "rgc", details={"executor": "async"}, seed=seed, tps=a,
+                 processes=2, threads=2, config=config)
+        make_run(runs, "backprop", "backprop", details={"executor": "backprop"}, seed=seed,
+                 tps=b, threads=2, config=config)
     (folder / "reports").mkdir(parents=True)
     (folder / "reports" / "provenance.json").write_text(json.dumps({
         "git": {"commit": commit, "dirty": False}, "generated_at": "2026-12-05T18:00:00+00:00",

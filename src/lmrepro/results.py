@@ -3,7 +3,8 @@
 A run directory holds:
 
 * ``metrics.jsonl``: one JSON object per logged training step (``step``, ``loss`` in nats, ``lr``,
-  ``step_time_s``, and for distributed optimizers ``bytes_<kind>``), plus evaluation records with
+  ``step_time_s``, and for distributed optimizers ``bytes_<kind>``: the kinds its wing declares,
+  and ``bytes_total``), plus evaluation records with
   ``eval_bpb``; append-only, cut back to the checkpointed step on resume
   (:func:`truncate_metrics`);
 * ``eval_losses.json``: ``{"losses": [...], "unit": "nats", "batch_size": B, "context": T}``, the
@@ -47,16 +48,7 @@ EVAL_LOSSES_TEST = "eval_losses_test.json"      # the same on the test split, wh
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
-BYTE_KINDS = ("grad_values", "param_values", "mask", "total")
-
-
-def sparsity_from_density(data: Any) -> Any:
-    """Older records' ``mean_density`` d (the fraction sent) read as ``mean_sparsity`` 1 - d."""
-    if isinstance(data, Mapping) and "mean_density" in data:
-        d = data["mean_density"]
-        data = {k: v for k, v in data.items() if k != "mean_density"}
-        data.setdefault("mean_sparsity", None if d is None else 1.0 - d)
-    return data
+TOTAL = "total"          # the byte kind that sums the others (``bytes_total``)
 
 
 class RunDetails(BaseModel):
@@ -69,18 +61,21 @@ class RunDetails(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     final_test_bpb: float | None = None   # the final model on the test split (where scored)
-    mean_sparsity: float | None = None    # fraction of coordinates not sent, over the sparse steps
 
-    @model_validator(mode="before")
-    @classmethod
-    def _older(cls, data: Any) -> Any:
-        return sparsity_from_density(data)
+    def fact(self, name: str) -> Any:
+        """The fact ``name``, declared or kept from an older run (None when not recorded): what
+        shared code reads of a fact a wing names (a role's, a label's)."""
+        if name in type(self).model_fields:
+            return getattr(self, name)
+        return (self.model_extra or {}).get(name)
 
     @classmethod
     def of(cls, summary: RunSummary | Mapping[str, Any]) -> Self:
         """``summary``'s details read as this class: a :class:`RunSummary` (whatever class its
         details were read into) or a summary as a mapping (``summary.json`` read as JSON)."""
-        d = summary.details if isinstance(summary, RunSummary) else summary.get("details") or {}
+        d = (summary.details if isinstance(summary, RunSummary)
+             else _facts_into_details(dict(summary), set(RunSummary.model_fields)).get("details")
+             or {})
         if isinstance(d, cls):
             return d
         return cls.model_validate(d.model_dump(exclude_unset=True)
@@ -88,6 +83,9 @@ class RunDetails(BaseModel):
 
 
 DETAILS_MODELS: dict[str, type[RunDetails]] = {}   # method -> its details class (the wings')
+#: every fact the installed details classes declare: one of them beside the common fields of an
+#: older summary is read into its details (summaries once kept some of them there)
+DETAIL_FACTS: set[str] = set()
 
 
 def use_details_models(models: Mapping[str, type[RunDetails]]) -> None:
@@ -95,6 +93,8 @@ def use_details_models(models: Mapping[str, type[RunDetails]]) -> None:
     :attr:`lmrepro.pipeline.registry.Wing.details`; a method not in it: :class:`RunDetails`)."""
     DETAILS_MODELS.clear()
     DETAILS_MODELS.update({str(getattr(m, "value", m)): model for m, model in models.items()})
+    DETAIL_FACTS.clear()
+    DETAIL_FACTS.update(f for model in models.values() for f in model.model_fields)
 
 
 def details_model(method: Any) -> type[RunDetails]:
@@ -115,6 +115,8 @@ class RunSummary(BaseModel):
     comparison must exceed). Non-finite numbers are refused: a run that produced one is not a
     finished run. A run that diverged (a non-finite loss or gradient) stops there and records
     ``diverged_at_step`` with ``final_bpb = None``: the analysis counts it as not non-inferior.
+    What is one wing's (the facts its roles and labels read) is in ``details``; a summary
+    written when some of those facts stood beside the common fields is read the same.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, use_enum_values=True)
@@ -143,9 +145,8 @@ class RunSummary(BaseModel):
     threads: int = Field(ge=1)
     resumed_from_step: int = 0
     finished_at: str | None = None   # UTC, ISO 8601 to the second (older runs: None)
-    executor: str | None = None                       # RGC: async | sync | backprop
-    sparsity: float | None = None                     # SCAPE / top-k
-    bytes_per_step: dict[str, float] | None = None    # mean over steps, by kind (BYTE_KINDS)
+    # mean over steps, by kind: the kinds the run's wing declares, and TOTAL
+    bytes_per_step: dict[str, float] | None = None
     bytes_per_step_after_step0: dict[str, float] | None = None
     details: SerializeAsAny[RunDetails] = Field(default_factory=RunDetails)  # per wing
     config: dict[str, Any] = Field(default_factory=dict)    # the run's full configuration
@@ -153,7 +154,10 @@ class RunSummary(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _details_of_the_method(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("details"), dict):
+        if not isinstance(data, dict):
+            return data
+        data = _facts_into_details(data, set(cls.model_fields))
+        if isinstance(data.get("details"), dict):
             data = {**data, "details": details_model(data.get("method")).model_validate(
                 data["details"])}
         return data
@@ -172,6 +176,21 @@ class RunSummary(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(self.model_dump_json())
+
+
+def _facts_into_details(data: dict[str, Any], fields: set[str]) -> dict[str, Any]:
+    """An older summary's facts of the details (:data:`DETAIL_FACTS`) kept beside the common
+    fields, moved into its details (a fact recorded as None: not recorded; the details' own
+    value wins)."""
+    moved = [k for k in data if k not in fields and k in DETAIL_FACTS]
+    if not moved:
+        return data
+    details = data.get("details")
+    if isinstance(details, RunDetails):
+        details = details.model_dump(exclude_unset=True)
+    facts = {k: data[k] for k in moved if data[k] is not None}
+    return {**{k: v for k, v in data.items() if k not in moved},
+            "details": {**facts, **(details or {})}}
 
 
 def run_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -254,10 +273,13 @@ def truncate_metrics(run_dir: str | Path, step: int) -> list[dict]:
 
 
 def mean_bytes(records: list[dict]) -> dict[str, float] | None:
-    """Mean ``bytes_<kind>`` of the metrics records that carry them, by kind (None if none)."""
-    rows = [r for r in records if "bytes_total" in r]
-    return ({k: float(sum(r[f"bytes_{k}"] for r in rows) / len(rows)) for k in BYTE_KINDS}
-            if rows else None)
+    """Mean ``bytes_<kind>`` of the metrics records that carry ``bytes_total``, by kind (the
+    kinds of the first such record, in its order; None if none)."""
+    rows = [r for r in records if f"bytes_{TOTAL}" in r]
+    if not rows:
+        return None
+    kinds = [k.removeprefix("bytes_") for k in rows[0] if k.startswith("bytes_")]
+    return {k: float(sum(r[f"bytes_{k}"] for r in rows) / len(rows)) for k in kinds}
 
 
 # ------------------------------------------------------------------------------------------------

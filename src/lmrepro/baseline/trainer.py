@@ -99,7 +99,7 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
             "name": name, "method": BaselineMethod.BACKPROP, "corpus": corpus, "seed": seed,
             "final_bpb": final_bpb, **memory_fields(run.peak()),
             "n_params": model.num_parameters(), "processes": 1, "threads": s.threads,
-            "executor": "backprop",
+            "details": {"executor": "backprop"},     # BackpropDetails
             "config": {"model": model_cfg.to_dict(), "settings": s.to_dict()}}),
             losses, s.eval_batch_size, model_cfg.context)
         log.info("%s done: final %.4f bits/byte, %.0f tokens/s -> %s", name, final_bpb,

@@ -1,13 +1,14 @@
 """What the baseline wing adds to the pipeline (:class:`lmrepro.pipeline.registry.Wing`): the
-``backprop`` role, the ``train:`` section of the parameter file, its part of the index and its
-subcommand (``lmrepro train``)."""
+``backprop`` role and its runs' details, the ``train:`` section of the parameter file, its part
+of the index and its subcommand (``lmrepro train``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from lmrepro.baseline.roles import ROLE_BACKPROP
+from lmrepro.baseline.details import BackpropDetails
+from lmrepro.baseline.roles import ROLE_BACKPROP, BaselineMethod
 from lmrepro.pipeline.registry import Report, Role, Section, Wing
 
 
@@ -22,10 +23,13 @@ def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
 
 WING = Wing(
     "baseline",
-    # the RGC suite's backprop executor writes method "backprop" with executor "backprop"
-    roles=(Role(ROLE_BACKPROP, "backprop", executors=(None, "backprop")),),
+    # the baseline stage and the RGC suite's backprop executor write executor "backprop"; the
+    # pipelined executor's runs are no role
+    roles=(Role(ROLE_BACKPROP, BaselineMethod.BACKPROP.value, by="executor",
+                values=(None, "backprop")),),
     section=Section("train", "lmrepro.baseline.config:BaselineSuite",
                     lambda s: [(f"train.corpora[{i}]", c) for i, c in enumerate(s.corpora)]),
+    details={BaselineMethod.BACKPROP.value: BackpropDetails},
     report=Report(scale, rank=1, metrics=("results/baseline/metrics.json",)),
     commands=("lmrepro.baseline.cli",),
 )

@@ -46,7 +46,7 @@ from lmrepro.pipeline.resources import (StepTimes, bytes_long, bytes_per_step,
                                         timing_interval)
 from lmrepro.pipeline.runs import (GIB, Run, Runs, RunSource, config_label, configuration_key,
                                    learning_rate, load_run, load_runs, loss_spikes, named_run,
-                                   run_role, run_scale, workers)
+                                   recorded_facts, run_role, run_scale, run_setting, workers)
 from lmrepro.results import RunSummary
 from lmrepro.rundirs import collect_runs
 from lmrepro.stats import StatsConfig
@@ -56,7 +56,8 @@ __all__ = [
     "analysis_records", "analysis_stage", "available_cores", "corpus_floors",
     # runs
     "GIB", "Run", "RunSource", "Runs", "config_label", "configuration_key", "learning_rate",
-    "load_run", "load_runs", "loss_spikes", "named_run", "run_role", "run_scale", "workers",
+    "load_run", "load_runs", "loss_spikes", "named_run", "recorded_facts", "run_role",
+    "run_scale", "run_setting", "workers",
     # comparisons
     "DEFAULT_STATS", "UNITS_NOTE", "Comparison", "ComparisonOutcome",
     "ComparisonSpec", "Pairing", "comparison_split", "configurations", "default_comparisons",
@@ -91,9 +92,9 @@ def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAUL
         comparisons=[o.record for o in outcomes],
         resources=resource_comparisons(loaded, cores, machine),
         runs=[RunRecord(name=r.name, role=r.role, scale=run_scale(r),
-                        configuration=config_label(r),
+                        configuration=config_label(r), setting=run_setting(r),
+                        facts=recorded_facts(r),
                         final_test_bpb=r.summary.details.final_test_bpb,
-                        mean_sparsity=r.summary.details.mean_sparsity,
                         loss_spikes=loss_spikes(r.metrics),
                         **r.summary.model_dump(include=keys - {"name"}))
               for r in loaded.values()])

@@ -299,18 +299,18 @@ def pooled_text(p: PooledTiming, r: ResourceRecord) -> str:
 
 
 def noninferiority_measure(
-        candidate: str, baseline: str, *, non_inferior: bool, sparsity: float | None = None,
+        candidate: str, baseline: str, *, non_inferior: bool, setting: float | None = None,
         corpus: str | None = None,
         extra_caveats: Callable[[ComparisonRecord, AnalysisRecords], tuple[str, ...]]
         | None = None) -> Measure:
     """Measure of a verdict claim: each comparison of ``candidate`` against ``baseline`` (at
-    ``sparsity``, on the corpus named ``corpus`` when given) is reproduced iff its verdict
+    ``setting``, on the corpus named ``corpus`` when given) is reproduced iff its verdict
     is ``non_inferior``; the comparison's caveats come along, and ``extra_caveats``' (a wing's
     own facts about the comparison's runs)."""
     def measure(records: AnalysisRecords) -> list[Measured]:
         out = []
         for c in comparisons(records, candidate, baseline):
-            if sparsity is not None and (c.sparsity is None or abs(c.sparsity - sparsity) > 1e-6):
+            if setting is not None and (c.setting is None or abs(c.setting - setting) > 1e-6):
                 continue
             if corpus is not None and c.corpus != corpus:
                 continue

@@ -25,7 +25,7 @@ import pandas as pd
 from lmrepro.errors import check
 from lmrepro.pipeline.records import ComparisonRecord
 from lmrepro.pipeline import registry
-from lmrepro.pipeline.runs import Run, Runs, config_label, load_runs, named_run
+from lmrepro.pipeline.runs import Run, Runs, config_label, load_runs, named_run, run_setting
 from lmrepro.results import EVAL_LOSSES
 from lmrepro.stats import NonInferiorityResult, StatsConfig, noninferiority
 
@@ -67,10 +67,13 @@ def _as_comparison(spec: ComparisonSpec) -> Comparison:
 
 
 def _group_key(run: Run) -> tuple:
-    """``(role, setting, sparsity, configuration)``: runs with the same key differ only in the
-    seed; the setting (corpus, world size) must match to compare."""
-    sparsity = None if run.summary.sparsity is None else round(run.summary.sparsity, 6)
-    return (run.role, (run.summary.corpus, run.world_size), sparsity, run.configuration)
+    """``(role, where, setting, configuration)``: runs with the same key differ only in the
+    seed; where they ran (corpus, world size) must match to compare. The setting
+    (:func:`~lmrepro.pipeline.runs.run_setting`) to 6 decimals where it is a number."""
+    setting = run_setting(run)
+    if isinstance(setting, float):
+        setting = round(setting, 6)
+    return (run.role, (run.summary.corpus, run.world_size), setting, run.configuration)
 
 
 def _pair_by_seed(base: list[Run], cand: list[Run]) -> list[tuple[Run, Run]]:
@@ -94,8 +97,8 @@ def configurations(runs: Runs) -> dict[tuple, list[Run]]:
 @dataclass(frozen=True)
 class Pairing:
     """Two configurations' runs paired by seed, with their labels
-    (:func:`~lmrepro.pipeline.runs.config_label`, with the learning rate where a role, setting and
-    sparsity ran at several configurations)."""
+    (:func:`~lmrepro.pipeline.runs.config_label`, with the learning rate where one role and
+    setting ran at several configurations in one place)."""
 
     bases: list[Run]
     cands: list[Run]
@@ -108,8 +111,8 @@ class Pairing:
 
 
 def pairings(runs: Runs) -> list[Pairing]:
-    """Every configuration pair of :func:`~lmrepro.pipeline.registry.pairings` in the same
-    setting, its runs paired by seed."""
+    """Every configuration pair of :func:`~lmrepro.pipeline.registry.pairings` that ran in the
+    same place (corpus, world size), its runs paired by seed."""
     groups = configurations(runs)
     several: dict[tuple, int] = {}
     for key in groups:
@@ -132,7 +135,7 @@ def default_comparisons(runs: Runs) -> list[Comparison]:
     """Comparisons implied by the runs' roles (:func:`~lmrepro.pipeline.registry.pairings`), per
     corpus.
 
-    Runs of one configuration (role, corpus, sparsity, world size and the rest of the
+    Runs of one configuration (role, corpus, setting, world size and the rest of the
     configuration) that differ only in seed are pooled, paired with the baseline
     configuration's runs of the same seed. A data-parallel candidate is compared with baselines
     of the same world size (RGC-suite runs have none).
@@ -227,7 +230,7 @@ def run_comparisons(runs: Runs, comparisons: Sequence[ComparisonSpec] | None = N
             label=comp.label, corpus=c.summary.corpus, candidate_role=c.role,
             baseline_role=b.role, candidate_method=c.summary.method,
             baseline_method=b.summary.method, candidate_runs=list(comp.candidate),
-            baseline_runs=list(comp.baseline), sparsity=c.summary.sparsity,
+            baseline_runs=list(comp.baseline), setting=run_setting(c),
             processes=c.summary.processes, n_pairs=len(cand), n_seeds=len(seeds), seeds=seeds,
             mean_rel_diff=r.mean_rel_diff if r else None,
             upper_bound=r.upper_bound if r else None,

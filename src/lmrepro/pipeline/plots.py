@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lmrepro.io import atomic_write_bytes
+from lmrepro.pipeline import registry
 from lmrepro.pipeline.comparisons import ComparisonOutcome
 from lmrepro.pipeline.records import ComparisonRecord
 from lmrepro.pipeline.resources import bytes_long
@@ -27,9 +28,6 @@ log = logging.getLogger(__name__)
 #: the n-gram floors a loss plot draws (:mod:`lmrepro.data.ngram`): colour and dash pattern
 FLOOR_STYLES: dict[str, tuple[str, tuple]] = {"bigram": ("0.45", (0, (7, 3))),
                                               "trigram": ("0.1", (0, (2, 2)))}
-#: readable names of the byte kinds (:data:`lmrepro.results.BYTE_KINDS`)
-BYTE_KIND_LABELS = {"grad_values": "gradient values", "param_values": "parameter values",
-                    "mask": "mask"}
 
 Floors = Mapping[str, Mapping[str, float]]
 
@@ -217,7 +215,8 @@ def plot_bytes_per_step(runs: Runs, *, log: bool = True,
         sent = df.groupby("kind").bytes_per_step.sum()
         df = df[df.kind.isin(sent[sent > 0].index)]
     groups = list(dict.fromkeys(df.group)) if not df.empty else []
-    kinds = [k for k in BYTE_KIND_LABELS if not df.empty and k in set(df.kind)]
+    words = registry.byte_kinds()          # each kind's name in words, in the wings' order
+    kinds = [k for k in words if not df.empty and k in set(df.kind)]
     fig = Figure(figsize=(9, 0.32 * max(1, len(groups)) * max(1, len(kinds)) + 1.4),
                  layout="constrained")
     ax = fig.subplots()
@@ -226,7 +225,7 @@ def plot_bytes_per_step(runs: Runs, *, log: bool = True,
     for i, kind in enumerate(kinds):
         values = df[df.kind == kind].set_index("group").bytes_per_step.reindex(groups).fillna(0)
         bars = ax.barh(y + (i - (len(kinds) - 1) / 2) * height, values.to_numpy(), height,
-                       label=BYTE_KIND_LABELS[kind], color=f"C{i}")
+                       label=words[kind], color=f"C{i}")
         ax.bar_label(bars, labels=[_bytes_text(v) for v in values], padding=2, fontsize=7.5)
     ax.set_yticks(y, groups, fontsize=9)
     ax.grid(axis="y", visible=False)        # a line between the groups, not through the bars

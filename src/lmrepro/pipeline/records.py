@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from lmrepro.errors import check
 from lmrepro.io import read_json
 from lmrepro.pipeline import registry
-from lmrepro.results import sparsity_from_density
+from lmrepro.results import details_model
 from lmrepro.stats import StatsConfig
 
 ANALYSIS_FORMAT = "lmrepro.analysis/2"
@@ -22,7 +22,28 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class RunRecord(_Record):
+def _setting_by_its_name(data: Any) -> Any:
+    """A record's setting, where it stands under the name its wing gives it (records written
+    before the setting had a name of its own), as ``setting``."""
+    if isinstance(data, dict) and "setting" not in data:
+        for name in registry.settings():
+            if name in data:
+                data = {**{k: v for k, v in data.items() if k != name}, "setting": data[name]}
+    return data
+
+
+class _WithSetting(_Record):
+    """A record holding a run's ``setting`` (:func:`lmrepro.pipeline.runs.run_setting`)."""
+
+    setting: float | None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _under_its_name(cls, data: Any) -> Any:
+        return _setting_by_its_name(data)
+
+
+class RunRecord(_WithSetting):
     """One run as the claims see it (``scale``: :func:`~lmrepro.pipeline.runs.run_scale`;
     ``configuration``: the label of the configuration it replicates, e.g. ``scape@90% p=2``)."""
 
@@ -31,7 +52,6 @@ class RunRecord(_Record):
     method: str
     corpus: str
     seed: int
-    sparsity: float | None
     processes: int
     threads: int
     steps: int
@@ -39,7 +59,6 @@ class RunRecord(_Record):
     diverged_at_step: int | None = None
     final_test_bpb: float | None = None
     loss_spikes: int = 0
-    mean_sparsity: float | None = None     # sparse methods: mean fraction not sent per step
     tokens_per_s: float
     mean_step_time_s: float
     step_time_std_s: float | None
@@ -47,11 +66,22 @@ class RunRecord(_Record):
     peak_pss_bytes: int | None = None
     scale: str
     configuration: str
+    facts: dict[str, Any] = {}    # what its wing keeps of its details (Wing.run_facts)
 
     @model_validator(mode="before")
     @classmethod
-    def _older(cls, data: Any) -> Any:
-        return sparsity_from_density(data)
+    def _facts_in_their_place(cls, data: Any) -> Any:
+        # records written before the facts had a place of their own hold them beside the common
+        # fields: read as the details class of the run's method reads them (older names too)
+        data = _setting_by_its_name(data)
+        if not isinstance(data, dict) or "facts" in data:
+            return data
+        beside = [k for k in data if k not in cls.model_fields]
+        if not beside:
+            return data
+        read = details_model(data.get("method")).model_validate({k: data[k] for k in beside})
+        facts = {k: v for k, v in read.model_dump(exclude_unset=True).items() if v is not None}
+        return {**{k: v for k, v in data.items() if k not in beside}, "facts": facts}
 
     @property
     def world_size(self) -> int | None:
@@ -59,8 +89,8 @@ class RunRecord(_Record):
         return self.processes if registry.is_data_parallel(self.role) else None
 
 
-class ComparisonRecord(_Record):
-    """One non-inferiority test. Roles, methods, ``sparsity`` and ``processes`` are those of the
+class ComparisonRecord(_WithSetting):
+    """One non-inferiority test. Roles, methods, ``setting`` and ``processes`` are those of the
     first runs of each side; runs are paired by seed (``seeds``) and their per-batch losses by
     (seed, evaluation batch). ``upper_bound`` is the bound of the verdict, from ``level``
     (``seed`` with at least ``stats.min_seeds`` seeds, else ``batch``); both bounds are kept.
@@ -75,7 +105,6 @@ class ComparisonRecord(_Record):
     baseline_method: str
     candidate_runs: list[str]
     baseline_runs: list[str]
-    sparsity: float | None
     processes: int
     n_pairs: int
     n_seeds: int
@@ -134,7 +163,7 @@ class PooledTiming(_Record):
     conclusive: bool
 
 
-class ResourceRecord(_Record):
+class ResourceRecord(_WithSetting):
     """Speed and memory of a candidate configuration against a baseline configuration (each the
     mean over its runs, i.e. its seeds), with the timing spread
     (:func:`~lmrepro.pipeline.resources.timing_interval`).
@@ -162,7 +191,6 @@ class ResourceRecord(_Record):
     baseline_configuration: str
     candidate_runs: list[str]
     baseline_runs: list[str]
-    sparsity: float | None
     candidate_step_time_s: float
     baseline_step_time_s: float
     candidate_step_time_spread_s: float | None

@@ -25,19 +25,20 @@ from lmrepro.results import RunDetails, use_details_models
 
 @dataclass(frozen=True)
 class Role:
-    """What a run is in the analysis: ``name`` (e.g. ``rgc_async``), the summary's ``method`` and
-    ``executors`` it stands for (None: a summary without one), whether its processes are
-    data-parallel replicas (their count is the world size), whether it is a sparse-communication
-    method (its label shows the sparsity), whether its label shows the executor, and which of
-    the run's details it shows (``label_details``: ``(short name, details attribute)`` pairs,
-    e.g. ``("H", "horizon")`` gives ``H=2``; a detail the run did not record is left out)."""
+    """What a run is in the analysis: ``name`` (e.g. ``rgc_async``) and the summary's ``method``
+    it stands for. Where a method's runs are several roles, a fact of their details tells them
+    apart, ``by`` (every role of the method names the same), and a role stands for the runs
+    whose fact is one of its ``values`` (None: a run that did not record it); a role without
+    ``by`` stands for every run of its method. ``data_parallel``: its processes are
+    data-parallel replicas (their count is the world size). ``label_details``: what its label
+    shows of a run's details after the method, as ``(format, fact)`` pairs, e.g.
+    ``(" H={}", "horizon")`` gives ``rgc H=2``; a fact the run did not record is left out."""
 
     name: str
     method: str
-    executors: tuple[str | None, ...] = (None,)
+    by: str | None = None
+    values: tuple[Any, ...] = (None,)
     data_parallel: bool = False
-    sparse: bool = False
-    label_executor: bool = False
     label_details: tuple[tuple[str, str], ...] = ()
     wing: str = ""
 
@@ -81,8 +82,8 @@ class Report:
 class Wing:
     """What one wing adds to the pipeline, declared once in its ``wing`` module as ``WING``:
 
-    * ``roles``: each maps a summary's method with each of its executors to a role (RGC splits
-      by executor: a run without one is refused);
+    * ``roles``: what its runs are in the analysis (:class:`Role`: a method, or a method's runs
+      split by a fact of their details; a run that is no role is refused);
     * ``pairings``: ``(candidate role, baseline role)`` pairs, which roles a comparison judges
       against which (docs/statistics.md); ``timed``: those of them whose throughput each
       publish records in the timing history, to be pooled over sessions
@@ -94,6 +95,14 @@ class Wing:
     * ``section``: its section of the parameter file;
     * ``details``: method -> the :class:`~lmrepro.results.RunDetails` class its runs' details
       are read as;
+    * ``setting``: the fact of its runs' details that, beside the role, tells its
+      configurations apart (a number): replicates share it, the analysis records keep the
+      candidate's as ``setting`` and a claim may pick comparisons by it (None: it has none);
+    * ``byte_kinds``: the kinds of bytes its runs hand to collectives (``bytes_<kind>`` in the
+      metrics, ``RunSummary.bytes_per_step`` beside the total), each with its name in words,
+      in the order the tables and plots show them;
+    * ``run_facts``: the facts of its runs' details that the analysis records keep for its
+      claims (``RunRecord.facts``);
     * ``claims``: the module holding its ``CLAIMS``
       (:class:`lmrepro.pipeline.claims.Claim`, in table order), and ``tables``: the module
       holding its table vocabulary, ``COLUMNS`` (name -> :class:`lmrepro.pipeline.tables.Column`)
@@ -112,6 +121,9 @@ class Wing:
     records: tuple[str, ...] = ()
     section: Section | None = None
     details: Mapping[str, type[RunDetails]] = field(default_factory=dict)
+    setting: str | None = None
+    byte_kinds: Mapping[str, str] = field(default_factory=dict)
+    run_facts: tuple[str, ...] = ()
     claims: str | None = None
     tables: str | None = None
     report: Report | None = None
@@ -123,28 +135,45 @@ class _Vocabulary:
     """What :func:`install` reads from the wings, in their order."""
 
     wings: tuple[Wing, ...]
-    methods: Mapping[str, Mapping[str | None, str]]       # method -> {executor: role}
+    methods: Mapping[str, tuple[str | None, Mapping[Any, str]]]   # method -> (by, {value: role})
     roles: Mapping[str, Role]
     pairings: tuple[tuple[str, str], ...]
     timed: tuple[tuple[str, str], ...]
     stages: Mapping[str, tuple[str, str | None]]
     records: tuple[str, ...]                              # stages that only feed the claims
     sections: tuple[Section, ...]
+    byte_kinds: Mapping[str, str]
 
 
 _installed: _Vocabulary | None = None
 
 
-def _roles_of(wings: Sequence[Wing]) -> tuple[dict[str, Role], dict[str, dict[str | None, str]]]:
+def _roles_of(wings: Sequence[Wing]
+              ) -> tuple[dict[str, Role], dict[str, tuple[str | None, dict[Any, str]]]]:
     roles: dict[str, Role] = {}
-    methods: dict[str, dict[str | None, str]] = {}
+    methods: dict[str, tuple[str | None, dict[Any, str]]] = {}
     for wing in wings:
         for role in wing.roles:
             check(role.name not in roles, "role", role.name, "must be registered once")
             roles[role.name] = replace(role, wing=wing.name)
-            for executor in role.executors:
-                methods.setdefault(role.method, {})[executor] = role.name
+            by, of_value = methods.setdefault(role.method, (role.by, {}))
+            check(role.by == by, f"role {role.name!r}: by", role.by,
+                  f"must be what the other roles of method {role.method!r} are told by ({by!r})")
+            for value in role.values:
+                check(value not in of_value, f"role {role.name!r}: values", value,
+                      f"must name runs of no other role (it is {of_value.get(value)!r}'s)")
+                of_value[value] = role.name
     return roles, methods
+
+
+def _byte_kinds_of(wings: Sequence[Wing]) -> dict[str, str]:
+    kinds: dict[str, str] = {}
+    for wing in wings:
+        for kind, words in wing.byte_kinds.items():
+            check(kinds.get(kind, words) == words, f"{wing.name} byte kind", kind,
+                  f"must have the name another wing gives it ({kinds.get(kind)!r})")
+            kinds[kind] = words
+    return kinds
 
 
 def _vocabulary(wings: Sequence[Wing]) -> _Vocabulary:
@@ -174,7 +203,7 @@ def _vocabulary(wings: Sequence[Wing]) -> _Vocabulary:
             sections[key] = replace(wing.section, wing=wing.name)
     timed = tuple(pair for wing in wings for pair in wing.timed)
     return _Vocabulary(tuple(wings), methods, roles, tuple(pairings), timed, stages,
-                       tuple(records), tuple(sections.values()))
+                       tuple(records), tuple(sections.values()), _byte_kinds_of(wings))
 
 
 def install(wings: Sequence[Wing]) -> None:
@@ -237,17 +266,17 @@ def is_role(name: str) -> bool:
     return name in _vocab().roles
 
 
-def role_of(method: str, executor: str | None = None, where: str = "") -> str:
-    """The role of a run of ``method`` with ``executor`` (see :attr:`Wing.roles`)."""
+def role_of(method: str, details: RunDetails | None = None, where: str = "") -> str:
+    """The role of a run of ``method`` with ``details`` (see :class:`Role`)."""
     known = _vocab().methods
     if not isinstance(method, str) or method not in known:
         raise ParameterError(f"{where}method", method, f"must be one of {list(known)} "
                              "(the methods the wings register)")
-    by_executor = known[method]
-    allowed = list(by_executor)
-    check(executor in by_executor, f"{where}executor", executor,
-          f"must be one of {allowed} for method {method!r}")
-    return by_executor[executor]
+    by, of_value = known[method]
+    value = None if by is None or details is None else details.fact(by)
+    check(value in of_value, f"{where}details.{by}", value,
+          f"must be one of {list(of_value)} for method {method!r}")
+    return of_value[value]
 
 
 def is_data_parallel(name: str) -> bool:
@@ -260,8 +289,41 @@ def data_parallel_roles() -> tuple[str, ...]:
     return tuple(r.name for r in roles().values() if r.data_parallel)
 
 
-def sparse_roles() -> tuple[str, ...]:
-    return tuple(r.name for r in roles().values() if r.sparse)
+def _wing_of(role_name: str) -> Wing | None:
+    found = _vocab().roles.get(role_name)
+    return next((w for w in _vocab().wings if found and w.name == found.wing), None)
+
+
+def setting(name: str) -> str | None:
+    """The fact that is the setting of role ``name``'s runs (:attr:`Wing.setting`; None when
+    its wing has none or the role is unknown)."""
+    wing = _wing_of(name)
+    return None if wing is None else wing.setting
+
+
+def run_facts(name: str) -> tuple[str, ...]:
+    """The facts of role ``name``'s runs the analysis records keep (:attr:`Wing.run_facts`)."""
+    wing = _wing_of(name)
+    return () if wing is None else wing.run_facts
+
+
+def settings() -> tuple[str, ...]:
+    """The facts the wings name as their settings, in the wings' order."""
+    return tuple(w.setting for w in _vocab().wings if w.setting is not None)
+
+
+def identity_facts() -> tuple[str, ...]:
+    """Every fact of the details that decides what a run is: those the roles are told by and
+    the wings' settings, sorted."""
+    vocabulary = _vocab()
+    by = {b for b, _ in vocabulary.methods.values() if b is not None}
+    return tuple(sorted(by | set(settings())))
+
+
+def byte_kinds() -> Mapping[str, str]:
+    """The kinds of bytes the wings' runs send, each with its name in words
+    (:attr:`Wing.byte_kinds`), in the wings' order."""
+    return dict(_vocab().byte_kinds)
 
 
 def pairings() -> tuple[tuple[str, str], ...]:

@@ -14,15 +14,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
 from lmrepro.errors import check
+from lmrepro.pipeline import registry
 from lmrepro.pipeline.comparisons import pairings
 from lmrepro.pipeline.records import Machine, ResourceRecord
 from lmrepro.pipeline.runs import (GIB, Run, Runs, config_label, load_runs, named_run,
-                                   suite_identity, suite_key, workers)
-from lmrepro.results import BYTE_KINDS
+                                   run_setting, suite_identity, suite_key, workers)
+from lmrepro.results import TOTAL
 from lmrepro.stats import t_bounds
 
 
@@ -65,18 +67,27 @@ def memory_table(runs: Runs, baseline: str) -> pd.DataFrame:
 
 
 def bytes_per_step(run: Run) -> dict[str, float] | None:
-    """The summary's mean bytes moved per step by kind (:data:`lmrepro.results.BYTE_KINDS`);
-    None for a run that records no communication (a single-process run)."""
+    """The summary's mean bytes moved per step by kind: the kinds the wings declare
+    (:func:`lmrepro.pipeline.registry.byte_kinds`) that it records, in their order, and the
+    total; None for a run that records no communication (a single-process run)."""
     b = run.summary.bytes_per_step
-    return {k: float(b[k]) for k in BYTE_KINDS} if b else None
+    kinds = (*registry.byte_kinds(), TOTAL)
+    return {k: float(b[k]) for k in kinds if k in b} if b else None
+
+
+def _setting_column(run: Run) -> dict[str, Any]:
+    """The run's setting under the name its wing gives it (none when it has none)."""
+    name = registry.setting(run.role)
+    return {} if name is None else {name: run_setting(run)}
 
 
 def communication_table(runs: Runs, dense: str) -> pd.DataFrame:
-    """Per run that communicates: bytes per step by kind and ``ratio_vs_dense`` = total bytes per
+    """Per run that communicates: its setting (:func:`~lmrepro.pipeline.runs.run_setting`, under
+    its wing's name for it), bytes per step by kind and ``ratio_vs_dense`` = total bytes per
     step over the ``dense`` run's total (runs without communication records are left out)."""
     loaded = load_runs(runs)
     dense_bytes = bytes_per_step(named_run(loaded, dense, "dense"))
-    check(dense_bytes is not None and dense_bytes["total"] > 0, "dense", dense,
+    check(dense_bytes is not None and dense_bytes[TOTAL] > 0, "dense", dense,
           "must name a run that records bytes per step (a distributed run)")
     rows = []
     for run in loaded.values():
@@ -84,19 +95,19 @@ def communication_table(runs: Runs, dense: str) -> pd.DataFrame:
         if b is not None:
             rows.append({"run": run.name, "method": run.summary.method,
                          "corpus": run.summary.corpus, "seed": run.summary.seed,
-                         "sparsity": run.summary.sparsity,
-                         "world_size": run.world_size, **b,
-                         "ratio_vs_dense": b["total"] / dense_bytes["total"], "dense": dense})
+                         **_setting_column(run), "world_size": run.world_size, **b,
+                         "ratio_vs_dense": b[TOTAL] / dense_bytes[TOTAL], "dense": dense})
     return pd.DataFrame(rows)
 
 
 def bytes_long(runs: Runs) -> pd.DataFrame:
-    """Long form ``run, kind, bytes_per_step`` (kinds other than ``total``) for plotting."""
+    """Long form ``run, kind, bytes_per_step`` (kinds other than the total) for plotting."""
     rows = []
     for run in load_runs(runs).values():
         b = bytes_per_step(run)
         if b is not None:
-            rows += [{"run": run.name, "kind": k, "bytes_per_step": b[k]} for k in BYTE_KINDS[:-1]]
+            rows += [{"run": run.name, "kind": k, "bytes_per_step": v} for k, v in b.items()
+                     if k != TOTAL]
     return pd.DataFrame(rows, columns=["run", "kind", "bytes_per_step"])
 
 
@@ -252,7 +263,7 @@ def resource_comparisons(runs: Runs, cores: int | None = None,
             label=pairing.label, corpus=c.summary.corpus, candidate_role=c.role,
             baseline_role=b.role, candidate_configuration=pairing.cand_label,
             baseline_configuration=pairing.base_label, candidate_runs=[r.name for r in cands],
-            baseline_runs=[r.name for r in bases], sparsity=c.summary.sparsity,
+            baseline_runs=[r.name for r in bases], setting=run_setting(c),
             candidate_step_time_s=c_t.mean_s, baseline_step_time_s=b_t.mean_s,
             candidate_step_time_spread_s=c_t.spread_s, baseline_step_time_spread_s=b_t.spread_s,
             candidate_steps=c_steps, baseline_steps=b_steps, candidate_tokens_per_s=c_tps,

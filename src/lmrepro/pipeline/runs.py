@@ -4,12 +4,14 @@ Every function of the analysis takes ``runs``: a mapping ``run name -> run direc
 already loaded :class:`Run`) in the layout of :mod:`lmrepro.results`.
 
 Roles. Comparisons and claims need to know what a run is: its role is a pure function of the
-summary's ``method`` and, for RGC runs, its ``executor`` (:func:`run_role`), as the wings declare
-it (:mod:`lmrepro.pipeline.registry`: the pipeline names no method). Baselines are picked by
-role, never by run name, so renaming a run changes no table.
+summary's ``method`` and, where a wing splits a method's runs, the fact of their details it
+splits them by (:func:`run_role`), as the wings declare it (:mod:`lmrepro.pipeline.registry`: the
+pipeline names no method and no wing's fact). Baselines are picked by role, never by run name, so
+renaming a run changes no table.
 
 Seeds. Runs whose configuration differs only in the seed are replicates of one configuration
-(:func:`configuration_key`).
+(:func:`configuration_key`); beside its role, a run's wing may name one fact of its details as
+its setting (:func:`run_setting`).
 
 Timings. Two sessions' timings of a candidate against a baseline are comparable when the
 suite is the same in what decides the work of a step (:func:`suite_identity`, keyed by
@@ -32,19 +34,18 @@ import numpy as np
 from lmrepro.errors import check
 from lmrepro.io import read_json, read_jsonl
 from lmrepro.pipeline import registry
-from lmrepro.results import (EVAL_LOSSES, EVAL_LOSSES_TEST, METRICS, SUMMARY, RunSummary,
-                             read_summary, run_settings)
+from lmrepro.results import (EVAL_LOSSES, EVAL_LOSSES_TEST, METRICS, SUMMARY, RunDetails,
+                             RunSummary, read_summary, run_settings)
 
 GIB = float(1 << 30)
 
 
-def run_role(method: str, executor: str | None = None, where: str = "") -> str:
-    """The role of a run: the role a wing declares for its ``method`` and ``executor``
-    (:func:`lmrepro.pipeline.registry.role_of`; e.g. RGC splits by ``executor`` into
-    ``rgc_async`` / ``rgc_sync``). An unknown method, an RGC run without an async/sync executor or
-    another method with an executor other than its own is refused (``where`` prefixes the
-    names in the message, e.g. the summary's path)."""
-    return registry.role_of(method, executor, where)
+def run_role(method: str, details: RunDetails | None = None, where: str = "") -> str:
+    """The role of a run: the role a wing declares for its ``method`` and ``details``
+    (:func:`lmrepro.pipeline.registry.role_of`). An unknown method, or a run whose details do
+    not say which of its method's roles it is, is refused (``where`` prefixes the names in the
+    message, e.g. the summary's path)."""
+    return registry.role_of(method, details, where)
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,9 +108,11 @@ RENAMED_SETTINGS = {"threads_per_worker": "threads", "worker_timeout_s": "timeou
 
 
 def timing_configuration(summary: RunSummary) -> dict[str, Any]:
-    """What decides a run's time per step: method, executor, sparsity, processes, threads,
-    steps, the model's shape and every setting but those of :data:`NOT_TIMING` (the run's own
-    section included; renamed settings under their current name)."""
+    """What decides a run's time per step: method, the facts of the details that decide what a
+    run is (:func:`lmrepro.pipeline.registry.identity_facts`, None where not recorded),
+    processes, threads, steps, the model's shape and every setting but those of
+    :data:`NOT_TIMING` (the run's own section included; renamed settings under their current
+    name)."""
     config = summary.config
     flat = "settings" not in config and "model" not in config
     model = config.get("model") or {**FLAT_MODEL_FIXED,
@@ -121,9 +124,10 @@ def timing_configuration(summary: RunSummary) -> dict[str, Any]:
             if key not in NOT_TIMING and key not in ("model", "run", "settings") \
                     and not (flat and key in MODEL_KEYS):
                 settings[key] = value
-    return {"method": summary.method, "executor": summary.executor, "sparsity": summary.sparsity,
-            "processes": summary.processes, "threads": summary.threads, "steps": summary.steps,
-            "model": dict(model), "settings": settings}
+    facts = {name: summary.details.fact(name) for name in registry.identity_facts()}
+    return {"method": summary.method, **facts, "processes": summary.processes,
+            "threads": summary.threads, "steps": summary.steps, "model": dict(model),
+            "settings": settings}
 
 
 def suite_identity(candidate: RunSummary, baseline: RunSummary) -> dict[str, Any]:
@@ -158,7 +162,7 @@ def load_run(name: str, source: RunSource) -> Run:
     test = (tuple(float(x) for x in read_json(path / EVAL_LOSSES_TEST)["losses"])
             if (path / EVAL_LOSSES_TEST).exists() else ())
     return Run(name=name, path=path, summary=summary,
-               role=run_role(summary.method, summary.executor, f"{path / SUMMARY}: "),
+               role=run_role(summary.method, summary.details, f"{path / SUMMARY}: "),
                eval_losses=tuple(float(x) for x in meta.pop("losses")), eval_meta=meta,
                metrics=tuple(read_jsonl(path / METRICS)), test_losses=test)
 
@@ -204,19 +208,29 @@ def learning_rate(run: Run) -> float | None:
     return float(lr) if isinstance(lr, (int, float)) else None
 
 
+def run_setting(run: Run) -> Any:
+    """The run's setting: the fact of its details its wing names so
+    (:func:`lmrepro.pipeline.registry.setting`; None when it names none or the run did not
+    record it)."""
+    name = registry.setting(run.role)
+    return None if name is None else run.summary.details.fact(name)
+
+
+def recorded_facts(run: Run) -> dict[str, Any]:
+    """The facts of the run's details its wing has the analysis records keep
+    (:func:`lmrepro.pipeline.registry.run_facts`), those the run recorded."""
+    facts = {name: run.summary.details.fact(name) for name in registry.run_facts(run.role)}
+    return {name: value for name, value in facts.items() if value is not None}
+
+
 def config_label(run: Run, with_lr: bool = False) -> str:
-    """A configuration in words: method, RGC executor, sparsity, the details its role shows
-    (RGC's horizon and staleness), data-parallel workers (and the learning rate when
-    ``with_lr``: where one method ran at several, e.g. a sweep)."""
+    """A configuration in words: method, the details its role shows
+    (:attr:`lmrepro.pipeline.registry.Role.label_details`), data-parallel workers (and the
+    learning rate when ``with_lr``: where one method ran at several, e.g. a sweep)."""
     label = run.summary.method
-    role = registry.role(run.role)
-    if role.label_executor and run.summary.executor is not None:
-        label += "-" + run.summary.executor
-    if role.sparse and run.summary.sparsity is not None:
-        label += f"@{run.summary.sparsity:.0%}"
-    for short, attr in role.label_details:
-        if (value := getattr(run.summary.details, attr, None)) is not None:
-            label += f" {short}={value}"
+    for form, fact in registry.role(run.role).label_details:
+        if (value := run.summary.details.fact(fact)) is not None:
+            label += form.format(value)
     if run.world_size is not None:
         label += f" p={run.world_size}"
     if with_lr and (lr := learning_rate(run)) is not None:

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from lmrepro.pipeline import registry
+from lmrepro.results import TOTAL
 
 LONG_WORD = 40   # a text cell with a word longer than this gets the class "long" (wraps anywhere)
 MISSING = "–"   # an empty cell: a number that does not exist (e.g. the seed-level bound of 1 seed)
@@ -125,12 +126,8 @@ COLUMNS: dict[str, Column] = {
     "memory_ratio": Column("peak RSS ratio (x)", sig3),
     "baseline": Column("baseline", text, False),
     "candidate": Column("candidate", text, False),
-    # communication
-    "sparsity": Column("sparsity (%)", PERCENT),
-    "grad_values": Column("gradient values (kB/step)", KB),
-    "param_values": Column("parameter values (kB/step)", KB),
-    "mask": Column("mask (kB/step)", KB),
-    "total": Column("total (kB/step)", KB),
+    # communication (the wings' byte kinds: byte_kind_column)
+    TOTAL: Column("total (kB/step)", KB),
     "ratio_vs_dense": Column("bytes vs dense (%)", PERCENT),
     "dense": Column("dense run", text, False),
     # non-inferiority
@@ -188,8 +185,6 @@ PRESETS: dict[str, list[str]] = {
     "throughput": ["run", "seed", "workers", "steps", "tokens_per_s", "mean_step_time_s",
                    "step_time_std_s", "speedup", "throughput_ratio", "baseline"],
     "memory": ["run", "seed", "peak_rss_bytes", "ratio_vs_baseline", "baseline"],
-    "communication": ["run", "seed", "sparsity", "world_size", "grad_values", "param_values",
-                      "mask", "total", "ratio_vs_dense"],
     "noninferiority": ["comparison", "seeds", "pairs", "mean_rel_diff", "batch_upper_bound",
                        "seed_upper_bound", "level", "margin", "verdict", "caveats"],
     "timing": ["comparison", "seeds", "candidate_step_time_s", "candidate_step_time_spread_s",
@@ -199,6 +194,14 @@ PRESETS: dict[str, list[str]] = {
     "claims": ["claim", "paper_figure", "paper_scale", "measured", "our_scale", "verdict",
                "caveats", "rule"],
 }
+
+
+def all_presets() -> dict[str, list[str]]:
+    """:data:`PRESETS`, the communication table's (its columns: the wings' settings and byte
+    kinds, :func:`lmrepro.pipeline.resources.communication_table`) and the wings'."""
+    communication = ["run", "seed", *registry.settings(), "world_size", *registry.byte_kinds(),
+                     TOTAL, "ratio_vs_dense"]
+    return {**PRESETS, "communication": communication, **registry.presets()}
 
 
 def _is_count(x: Any) -> bool:
@@ -226,6 +229,8 @@ def column(name: str, values: Sequence[Any] | None = None) -> Column:
         return COLUMNS[name]
     if name in (wings := registry.columns()):
         return wings[name]
+    if name in (kinds := registry.byte_kinds()):
+        return Column(f"{kinds[name]} (kB/step)", KB)
     header = name.replace("_", " ")
     present = [v for v in (values if values is not None else []) if not _missing(v)]
     numbers = [v for v in present if isinstance(v, Real) and not isinstance(v, bool)]
@@ -238,11 +243,11 @@ Columns = Sequence[str] | str | None
 
 
 def format_table(df: pd.DataFrame, columns: Columns = None) -> pd.DataFrame:
-    """``df`` (or its ``columns``, in that order; a string names a :data:`PRESETS` entry) as
+    """``df`` (or its ``columns``, in that order; a string names a preset, :func:`all_presets`) as
     strings under headers with units; the index is dropped. Missing columns are an error naming
     them."""
     if isinstance(columns, str):
-        presets = {**PRESETS, **registry.presets()}
+        presets = all_presets()
         if columns not in presets:
             raise KeyError(f"no preset {columns!r}: one of {sorted(presets)}")
         columns = presets[columns]

@@ -12,6 +12,7 @@ from lmrepro.results import RunDetails
 class RGCDetails(RunDetails):
     """Written by :func:`lmrepro.rgc.result.summary_fields` and ``finish``."""
 
+    executor: str | None = None                   # async | sync | backprop | pipelined_backprop
     threads_per_process: list[int] | None = None
     placement: list[list[int]] | None = None      # stages of each process
     horizon: int | None = None                    # RGC's local horizon H

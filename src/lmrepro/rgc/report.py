@@ -31,6 +31,11 @@ from lmrepro.rgc.details import RGCDetails
 GIB = 2**30
 
 
+def executor(summary: Mapping[str, Any]) -> str | None:
+    """The executor that trained a run (``summary``: its ``summary.json`` as a mapping)."""
+    return RGCDetails.of(summary).executor
+
+
 def memory_split(candidate: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
     """Peak PSS of ``candidate`` (an async run's summary) over ``baseline`` (backprop's), split.
 
@@ -79,7 +84,7 @@ def memory_split_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     (``runs``: name -> summary)."""
     rows = []
     for name, s in runs.items():
-        if s.get("executor") != "async":
+        if executor(s) != "async":
             continue
         base = [b for b in runs.values() if b.get("method") == "backprop"
                 and b.get("corpus") == s.get("corpus") and b.get("seed") == s.get("seed")]
@@ -113,7 +118,7 @@ def memory_phase_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
         for phase in PHASES:
             m = (d.memory_phases or {}).get(phase)
             if m is not None:
-                rows.append({"run": name, "executor": s.get("executor"), "phase": phase,
+                rows.append({"run": name, "executor": executor(s), "phase": phase,
                              "counted in the run's peak": phase == TRAINING,
                              "peak RSS (MiB)": m["rss"] / MIB, "peak PSS (MiB)": m["pss"] / MIB,
                              "process tree root": root,
@@ -128,11 +133,11 @@ def excess_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     rows = []
     for name, s in runs.items():
         base = [b for b in runs.values() if b.get("method") == "backprop"
-                and b.get("executor") == "backprop" and b.get("corpus") == s.get("corpus")
+                and executor(b) == "backprop" and b.get("corpus") == s.get("corpus")
                 and b.get("seed") == s.get("seed")]
         conf = s.get("config") or {}
         # records made before the trainers shared one config layout carry no byte account
-        if s.get("executor") != "async" or not base or s.get("peak_pss_bytes") is None \
+        if executor(s) != "async" or not base or s.get("peak_pss_bytes") is None \
                 or "settings" not in conf:
             continue
         cfg = RGCConfig(**{**conf["settings"], "model": conf["model"]})
@@ -171,9 +176,9 @@ def lockstep_check(runs: Mapping[str, Mapping[str, Any]]) -> tuple[pd.DataFrame,
     rows = []
     for name, run in runs.items():
         s = run["summary"]
-        if s.get("executor") != "async":
+        if executor(s) != "async":
             continue
-        twin = [(n, r) for n, r in runs.items() if r["summary"].get("executor") == "sync"
+        twin = [(n, r) for n, r in runs.items() if executor(r["summary"]) == "sync"
                 and r["summary"].get("corpus") == s.get("corpus")
                 and r["summary"].get("seed") == s.get("seed")]
         if not twin:
@@ -204,7 +209,7 @@ def runs_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     """Per run (``runs``: name -> summary): executor, corpus, seed, final bits per byte,
     tokens/s, and peak memory of the process tree as RSS, PSS and USS (GiB)."""
     return pd.DataFrame([{
-        "run": name, "executor": s.get("executor"), "corpus": s.get("corpus"),
+        "run": name, "executor": executor(s), "corpus": s.get("corpus"),
         "seed": s.get("seed"), "final bpb": s["final_bpb"], "tokens/s": s["tokens_per_s"],
         "peak RSS (GiB)": s["peak_rss_bytes"] / GIB,
         "peak PSS (GiB)": (s.get("peak_pss_bytes") or float("nan")) / GIB,
@@ -218,7 +223,7 @@ def placement_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     rows = []
     for name, s in runs.items():
         d = RGCDetails.of(s)
-        rows.append({"run": name, "executor": s.get("executor"),
+        rows.append({"run": name, "executor": executor(s),
                      "processes": s.get("processes"),
                      "stages per process": d.placement,
                      "threads per process": d.threads_per_process,

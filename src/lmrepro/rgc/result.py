@@ -82,11 +82,12 @@ def summary_fields(cfg: RGCConfig, spec: RunSpec, eval_losses: list[float], peak
     return {
         "name": spec.name or (f"rgc-{spec.executor}" if is_rgc else
                               spec.executor.replace("_", "-")),
-        "method": spec.method, "executor": spec.executor, "corpus": spec.corpus,
+        "method": spec.method, "corpus": spec.corpus,
         "seed": spec.seed, "final_bpb": bits_per_byte(eval_losses),
         **memory_fields(peak), "n_params": n_params,
         "processes": cfg.n_workers if is_async else 1, "threads": threads,
-        "details": {"threads_per_process": list(cfg.worker_threads) if is_async
+        "details": {"executor": spec.executor,
+                    "threads_per_process": list(cfg.worker_threads) if is_async
                     else [cfg.single_process_threads],
                     "placement": cfg.placement if is_async else [list(range(cfg.n_stages))],
                     "horizon": cfg.horizon if is_rgc else None,

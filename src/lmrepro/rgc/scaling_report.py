@@ -50,7 +50,7 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
         d = RGCDetails.of(s)
         rows.append({"kind": "runs", "size": size, "steps": int(length.removeprefix("L")),
                      "run": name, "seed": int(seed.removeprefix("seed")),
-                     "executor": s.executor, "horizon": d.horizon, "consensus_staleness":
+                     "executor": d.executor, "horizon": d.horizon, "consensus_staleness":
                      d.consensus_staleness, "lr": run_settings(s.config).get("lr"),
                      "val_bpb": s.final_bpb, "test_bpb": d.final_test_bpb,
                      "diverged_at_step": s.diverged_at_step,

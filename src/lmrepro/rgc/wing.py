@@ -12,8 +12,9 @@ from lmrepro.pipeline.registry import Report, Role, Section, Wing, parameter_cou
 from lmrepro.rgc.details import RGCDetails
 from lmrepro.rgc.roles import METHOD_RGC, ROLE_BACKPROP, ROLE_RGC_ASYNC, ROLE_RGC_SYNC
 
-# labels show the horizon H and the consensus staleness s (RGCDetails)
-LABEL_DETAILS = (("H", "horizon"), ("s", "consensus_staleness"))
+# labels show the executor, the horizon H and the consensus staleness s (RGCDetails), e.g.
+# rgc-async H=2 s=1
+LABEL_DETAILS = (("-{}", "executor"), (" H={}", "horizon"), (" s={}", "consensus_staleness"))
 
 
 def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
@@ -39,9 +40,10 @@ def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
 
 WING = Wing(
     "rgc",
-    roles=(Role(ROLE_RGC_ASYNC, METHOD_RGC, executors=("async",), label_executor=True,
+    # method rgc's runs are a role by their executor (a run without one is refused)
+    roles=(Role(ROLE_RGC_ASYNC, METHOD_RGC, by="executor", values=("async",),
                 label_details=LABEL_DETAILS),
-           Role(ROLE_RGC_SYNC, METHOD_RGC, executors=("sync",), label_executor=True,
+           Role(ROLE_RGC_SYNC, METHOD_RGC, by="executor", values=("sync",),
                 label_details=LABEL_DETAILS)),
     # docs/statistics.md: "... and RGC vs global backprop"
     pairings=((ROLE_RGC_ASYNC, ROLE_BACKPROP), (ROLE_RGC_SYNC, ROLE_BACKPROP)),

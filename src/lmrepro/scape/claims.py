@@ -90,10 +90,10 @@ def topk_unstable(records: AnalysisRecords) -> list[Measured]:
     topk = comparisons(records, ROLE_TOPK, ROLE_ADAMS)
     if not topk:
         return []
-    top = max(c.sparsity or 0.0 for c in topk)
+    top = max(c.setting or 0.0 for c in topk)      # the wing's setting: the sparsity
     out = []
     for c in topk:
-        if (c.sparsity or 0.0) != top:
+        if (c.setting or 0.0) != top:
             continue
         div, spikes = _unstable(records, c.candidate_runs)
         bdiv, bspikes = _unstable(records, c.baseline_runs)
@@ -190,7 +190,7 @@ LOGS_RULE = ("consistent with the authors' logs iff their measured figure (SCAPE
 def sent_fraction(c: ComparisonRecord, records: AnalysisRecords) -> tuple[str, ...]:
     """The fraction of coordinates the candidate runs actually sent per step on average (the
     sparsity warm-up included): "99 % sparsity" sends more than 1 % while it warms up."""
-    s = [records.run(n).mean_sparsity for n in c.candidate_runs]
+    s = [records.run(n).facts.get("mean_sparsity") for n in c.candidate_runs]
     if not s or any(x is None for x in s):
         return ()
     return (f"SCAPE sent {1.0 - sum(s) / len(s):.1%} of the coordinates per step on average "
@@ -204,7 +204,7 @@ def _quality(cid: str, sparsity: int, base: str, role: str) -> Claim:
         "same verdict: reproduced iff our paired test finds SCAPE non-inferior (one-sided "
         "upper bound U < the 1 % margin: the tolerance; seed-level t bound from 3 seeds); "
         "not testable unless the dense baseline ends >= 10 % below the trigram floor",
-        noninferiority_measure(ROLE_SCAPE, role, non_inferior=True, sparsity=sparsity / 100,
+        noninferiority_measure(ROLE_SCAPE, role, non_inferior=True, setting=sparsity / 100,
                                extra_caveats=sent_fraction),
         caveat=QUALITY_CAVEAT)
 

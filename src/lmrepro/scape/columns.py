@@ -9,6 +9,8 @@ from lmrepro.pipeline.tables import (MISSING, MS, PERCENT, SIGNED_PERCENT, Colum
                                      text)
 
 COLUMNS: dict[str, Column] = {
+    # the wing's setting (the analysis's communication table, the step-time model's tables)
+    "sparsity": Column("sparsity (%)", PERCENT),
     "link": Column("link", text, False),
     "role": Column("role", text, False),
     "measured_s": Column("measured median (ms)", MS),

@@ -49,7 +49,7 @@ def load(runs: Mapping[str, str | Path]) -> list[dict[str, Any]]:
 def _config(s: dict[str, Any]) -> str:
     label = LABELS.get(s["method"], s["method"])
     if s["method"] in SPARSE_METHODS:
-        label += f" {100 * (s['sparsity'] or 0):g} %"
+        label += f" {100 * (ScapeDetails.of(s).sparsity or 0):g} %"
     return label
 
 
@@ -68,7 +68,7 @@ def method_table(loaded: Sequence[dict[str, Any]]) -> pd.DataFrame:
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in loaded:
         s = r["summary"]
-        groups.setdefault((s["method"], s["sparsity"] or 0.0), []).append(r)
+        groups.setdefault((s["method"], ScapeDetails.of(s).sparsity or 0.0), []).append(r)
     rows = []
     order = list(LABELS)
     for (method, sparsity), rs in sorted(groups.items(),

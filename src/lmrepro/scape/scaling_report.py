@@ -55,7 +55,7 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
             d = ScapeDetails.of(s)
             rows.append({"kind": kind, "size": size, "steps": int(length.removeprefix("L")),
                          "seed": int(seed.removeprefix("seed")), "run": name,
-                         "method": s.method, "sparsity": s.sparsity or 0.0,
+                         "method": s.method, "sparsity": d.sparsity or 0.0,
                          "lr": d.lr, "val_bpb": s.final_bpb,
                          "test_bpb": d.final_test_bpb,
                          "diverged_at_step": s.diverged_at_step,

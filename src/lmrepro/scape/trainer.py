@@ -319,9 +319,10 @@ def _curve_point(cfg: ScapeConfig, mcfg: ModelConfig, target: RunTarget, ctx: Di
 
 def _details(cfg: ScapeConfig, run: ScapeRun, ctx: DistContext, records: list[dict],
              per_rank: list[Memory], test_bpb: float | None) -> dict[str, Any]:
-    """The summary's SCAPE-suite details (the sparse methods' coverage, residual, sparsity)."""
+    """The summary's SCAPE-suite details (:class:`~lmrepro.scape.details.ScapeDetails`: the
+    target sparsity, the sparse methods' coverage, residual, sparsity reached)."""
     sparse = [r for r in records if "coverage" in r]
-    return {"peak_rss_bytes_per_rank": [m.rss for m in per_rank],
+    return {"sparsity": run.sparsity, "peak_rss_bytes_per_rank": [m.rss for m in per_rank],
             "device": str(ctx.device), "backend": ctx.backend,
             "batch_size_per_worker": cfg.batch_size, "lr": run.lr_or(cfg.lr),
             "mask_rule": run.mask_rule if run.optimizer == "scape" else None,
@@ -364,7 +365,7 @@ def _finish(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarge
         "final_bpb": bpb, "diverged_at_step": diverged,
         **memory_fields(None, processes_peaks=per_rank),
         "n_params": sum(p.numel() for p in model.parameters()), "processes": ctx.world_size,
-        "threads": ctx.world_size * cfg.threads, "sparsity": run.sparsity,
+        "threads": ctx.world_size * cfg.threads,
         "bytes_per_step": mean_bytes(records), "bytes_per_step_after_step0": mean_bytes(steady),
         "details": _details(cfg, run, ctx, records, per_rank, test_bpb),
         "config": {"settings": cfg.to_dict(), "run": run.to_dict(), "model": mcfg.to_dict()}},

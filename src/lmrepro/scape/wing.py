@@ -1,7 +1,7 @@
 """What the SCAPE wing adds to the pipeline (:class:`lmrepro.pipeline.registry.Wing`): its roles
 (the dense baselines and the sparse methods), which are judged against which, the reference
-roles of the ``scape`` analysis, the ``scape:`` section of the parameter file, its claims, table
-columns, part of the index and subcommands."""
+roles of the ``scape`` analysis, the ``scape:`` section of the parameter file, its setting (the
+sparsity) and byte kinds, its claims, table columns, part of the index and subcommands."""
 
 from __future__ import annotations
 
@@ -26,9 +26,14 @@ def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
             f"{scape.get('world_size')} workers, on {scape.get('corpus')}")
 
 
+# a sparse method's label shows its sparsity (ScapeDetails), e.g. scape@90%
+SPARSE_LABEL = (("@{:.0%}", "sparsity"),)
+
+
 WING = Wing(
     "scape",
-    roles=tuple(Role(name, name, data_parallel=True, sparse=name in SPARSE)
+    roles=tuple(Role(name, name, data_parallel=True,
+                     label_details=SPARSE_LABEL if name in SPARSE else ())
                 for name in (ROLE_ADAMW, ROLE_ADAMS, ROLE_SCAPE, ROLE_SCAPE_STALE_M,
                              ROLE_TOPK, ROLE_TOPK_ADAMW)),
     # docs/statistics.md: "The same test judges SCAPE vs dense AdamW/AdamS"
@@ -41,6 +46,13 @@ WING = Wing(
     section=Section("scape", "lmrepro.scape.config:ScapeSuite",
                     lambda s: [("scape.corpus", s.corpus)]),
     details={m.value: ScapeDetails for m in ScapeMethod},
+    # configurations of one method differ in their sparsity (dense methods: 0)
+    setting="sparsity",
+    # what the optimizers hand to collectives (lmrepro.optim.comm)
+    byte_kinds={"grad_values": "gradient values", "param_values": "parameter values",
+                "mask": "mask"},
+    # what the claims read of a run besides its records' common fields (sent_fraction)
+    run_facts=("mean_sparsity",),
     claims="lmrepro.scape.claims",
     tables="lmrepro.scape.columns",
     report=Report(scale, metrics=("results/scape/metrics.json",),
