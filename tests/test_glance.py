@@ -24,6 +24,10 @@ from lmrepro.pipeline.glance import brief
      "1.45x [0.66, 3.17] dense AdamS's steps for the same loss (3 seeds); test split, 3 seeds",
      "mean d +5.62 %, L +4.23 %, U +7 %: worse; steps to target: >= 1.45x [0.66, 3.17] dense "
      "AdamS's steps for the same loss"),
+    ("this run 1.17x tokens/s (9039 vs 7732; same core budget: 2 threads each; run-level 95 % "
+     "interval 0.476x to 2.87x over 2 seeds); pooled over 4 sessions (8 seeds) on AMD EPYC, 2 "
+     "cores: 1.11x [0.94, 1.3] (session-level 95 % t interval)",
+     "this run 1.17x tokens/s; pooled over 4 sessions on AMD EPYC, 2 cores: 1.11x [0.94, 1.3]"),
 ])
 def test_our_figure_in_brief_keeps_the_numbers_and_drops_the_details(measured: str,
                                                                      short: str) -> None:
@@ -34,6 +38,7 @@ def test_every_verdict_has_a_meaning_in_the_registrys_order() -> None:
     assert list(glance.VERDICT_MEANINGS) == list(claims.VERDICTS)
     assert glance.CAVEAT_SEPARATOR == claims.CAVEAT_SEPARATOR
     assert glance.STEPS_TO_TARGET == claims.STEPS_TO_TARGET
+    assert glance.POOLED == claims.POOLED
 
 
 def test_every_verdict_cell_has_the_class_the_reports_style() -> None:

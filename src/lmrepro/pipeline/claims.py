@@ -66,6 +66,9 @@ AUTHORS_LOGS = "measured in the authors' logs"
 CAVEAT_SEPARATOR = "; "
 #: how a measured text introduces a steps-to-target multiplier (glance keeps it beside the gap)
 STEPS_TO_TARGET = "steps to target:"
+#: how a measured text introduces a timing pooled over sessions (glance keeps it: the verdict
+#: rests on it)
+POOLED = "pooled over"
 
 
 @dataclass(frozen=True)
@@ -291,7 +294,7 @@ def pooled_text(p: PooledTiming, r: ResourceRecord) -> str:
     in words; with one session, that the seed-level interval decides."""
     where = r.machine.text() if r.machine is not None else "this machine"
     if p.basis == "sessions" and p.low is not None and p.high is not None:
-        return (f"pooled over {p.sessions} sessions ({p.seeds} seeds) on {where}: "
+        return (f"{POOLED} {p.sessions} sessions ({p.seeds} seeds) on {where}: "
                 f"{p.ratio:.3g}x [{p.low:.3g}, {p.high:.3g}] (session-level "
                 f"{p.confidence * 100:.3g} % t interval)")
     return (f"one session of this suite recorded on {where}: judged on its seed-level "

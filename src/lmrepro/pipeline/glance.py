@@ -35,6 +35,8 @@ VERDICT_MEANINGS = {
 CAVEAT_SEPARATOR = "; "
 #: how a measured text introduces a steps-to-target multiplier (pipeline.claims.STEPS_TO_TARGET)
 STEPS_TO_TARGET = "steps to target:"
+#: how a measured text introduces a timing pooled over sessions (pipeline.claims.POOLED)
+POOLED = "pooled over"
 
 #: how long our figure may be in the table before its parenthetical details move to the note
 BRIEF_CHARS = 90
@@ -61,12 +63,13 @@ def brief(measured: str) -> str:
     """Our figure in brief: without its parenthesised details, up to its first ``;``
     (``mean d +4.68 %, L +4.26 %, U +5.1 % (seed level; ...): worse; test split, ...`` ->
     ``mean d +4.68 %, L +4.26 %, U +5.1 %: worse``), and a steps-to-target multiplier where the
-    figure has one."""
+    figure has one, and the pooled figure a timing verdict rests on."""
     text = str(measured or "")
     parts = _without_parentheses(text).split("; ")
     short = parts[0]
-    # a length study's steps-to-target multiplier stays beside the gap
-    short += "".join(f"; {p}" for p in parts[1:] if p.startswith(STEPS_TO_TARGET))
+    # a length study's steps-to-target multiplier stays beside the gap, and a timing pooled
+    # over sessions beside this run's (the verdict is the pooled figure's)
+    short += "".join(f"; {p}" for p in parts[1:] if p.startswith((STEPS_TO_TARGET, POOLED)))
     return short if short else text[:BRIEF_CHARS]
 
 
