@@ -232,6 +232,33 @@ def _mean_or_none(values: Sequence[int | None]) -> float | None:
     return None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore
 
 
+@dataclass(frozen=True)
+class SeedThroughputs:
+    """A pairing's timing as the timing history records and pools it: the suite's key and
+    identity (:func:`~lmrepro.pipeline.runs.suite_identity`), the seeds and each side's
+    tokens/s per seed (paired by seed)."""
+
+    suite: str
+    identity: dict[str, Any]
+    seeds: list[int]
+    candidate: list[float]
+    baseline: list[float]
+
+    @property
+    def ratios(self) -> list[float]:
+        """Candidate over baseline tokens/s, per seed."""
+        return [x / y for x, y in zip(self.candidate, self.baseline, strict=True)]
+
+
+def seed_throughputs(cands: Sequence[Run], bases: Sequence[Run]) -> SeedThroughputs:
+    """The :class:`SeedThroughputs` of candidate runs against baseline runs paired by seed."""
+    identity = suite_identity(cands[0].summary, bases[0].summary)
+    return SeedThroughputs(suite=suite_key(identity), identity=identity,
+                           seeds=[r.summary.seed for r in cands],
+                           candidate=[r.summary.tokens_per_s for r in cands],
+                           baseline=[r.summary.tokens_per_s for r in bases])
+
+
 def resource_comparisons(runs: Runs, cores: int | None = None,
                          machine: Machine | None = None) -> list[ResourceRecord]:
     """Speed and memory of each configuration pair of
@@ -258,6 +285,7 @@ def resource_comparisons(runs: Runs, cores: int | None = None,
         throughput = c_tps / b_tps
         wall = (c_steps * c_t.mean_s) / (b_steps * b_t.mean_s)
         h = run_halfwidths(cands, bases)
+        timed = seed_throughputs(cands, bases)
         c, b = cands[0], bases[0]
         out.append(ResourceRecord(
             label=pairing.label, corpus=c.summary.corpus, candidate_role=c.role,
@@ -282,10 +310,7 @@ def resource_comparisons(runs: Runs, cores: int | None = None,
             throughput_conclusive=_conclusive(throughput, h["throughput"], rho),
             wall_conclusive=_conclusive(wall, h["wall"], rho),
             caveats=resource_caveats(cands, bases, cores, rho, speedup, h["speedup"]),
-            suite=suite_key(suite_identity(c.summary, b.summary)),
-            timing_seeds=[r.summary.seed for r in cands],
-            throughput_ratios=[x.summary.tokens_per_s / y.summary.tokens_per_s
-                               for x, y in zip(cands, bases, strict=True)],
+            suite=timed.suite, timing_seeds=timed.seeds, throughput_ratios=timed.ratios,
             machine=machine))
     return out
 

@@ -32,8 +32,8 @@ from lmrepro.io import atomic_write_json, read_json
 from lmrepro.pipeline import registry
 from lmrepro.pipeline.comparisons import pairings
 from lmrepro.pipeline.records import AnalysisRecords, Machine, PooledTiming, ResourceRecord
-from lmrepro.pipeline.resources import TIMING_CONFIDENCE
-from lmrepro.pipeline.runs import load_runs, suite_identity, suite_key
+from lmrepro.pipeline.resources import TIMING_CONFIDENCE, seed_throughputs
+from lmrepro.pipeline.runs import load_runs
 from lmrepro.rundirs import collect_runs
 from lmrepro.stats import t_bounds
 
@@ -195,17 +195,14 @@ def profile_entries(profile_dir: str | os.PathLike) -> TimingHistory:
             c, b = p.cands[0], p.bases[0]
             if (c.role, b.role) not in timed:
                 continue
-            identity = suite_identity(c.summary, b.summary)
-            suites[suite_key(identity)] = identity
-            cand = [r.summary.tokens_per_s for r in p.cands]
-            base = [r.summary.tokens_per_s for r in p.bases]
+            seeds = seed_throughputs(p.cands, p.bases)
+            suites[seeds.suite] = seeds.identity
             entries.append(HistoryEntry(
                 profile=profile, commit=git.get("commit"), dirty=git.get("dirty"),
                 date=prov.get("generated_at"), machine=where, stage=stage, label=p.label,
                 corpus=c.summary.corpus, candidate_role=c.role, baseline_role=b.role,
-                suite=suite_key(identity), seeds=[r.summary.seed for r in p.cands],
-                candidate_tokens_per_s=cand, baseline_tokens_per_s=base,
-                throughput_ratios=[x / y for x, y in zip(cand, base, strict=True)]))
+                suite=seeds.suite, seeds=seeds.seeds, candidate_tokens_per_s=seeds.candidate,
+                baseline_tokens_per_s=seeds.baseline, throughput_ratios=seeds.ratios))
     return TimingHistory(suites=suites, entries=entries)
 
 
