@@ -35,14 +35,13 @@ def find_runs(root: Path) -> dict[str, Path]:
             if "checkpoints" not in p.parts and not set_aside(p.relative_to(root))}
 
 
-def finished_at(run_dir: Path) -> str:
+def finished_at(run: Run) -> str:
     """When the run finished (UTC, to the minute): its summary's ``finished_at``; for runs
     written before summaries carried it, the summary file's time, which a copy or a checkout
     resets (so such a restored run shows when it was put back)."""
-    recorded = read_json(run_dir / SUMMARY).get("finished_at")
-    if recorded:
-        return f"{recorded[:16]}Z"
-    t = (run_dir / SUMMARY).stat().st_mtime
+    if run.summary.finished_at:
+        return f"{run.summary.finished_at[:16]}Z"
+    t = (run.path / SUMMARY).stat().st_mtime
     return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 

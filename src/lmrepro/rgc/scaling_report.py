@@ -46,7 +46,8 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
     rows = []
     for rel, path in find_runs(Path(stage_dir) / "runs").items():
         size, length, name, seed = rel.split("/")[-4:]
-        s = load_run(rel, path).summary
+        run = load_run(rel, path)
+        s = run.summary
         d = RGCDetails.of(s)
         rows.append({"kind": "runs", "size": size, "steps": int(length.removeprefix("L")),
                      "run": name, "seed": int(seed.removeprefix("seed")),
@@ -54,7 +55,7 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
                      d.consensus_staleness, "lr": run_settings(s.config).get("lr"),
                      "val_bpb": s.final_bpb, "test_bpb": d.final_test_bpb,
                      "diverged_at_step": s.diverged_at_step,
-                     "finished_at": finished_at(Path(path)), "path": str(path)})
+                     "finished_at": finished_at(run), "path": str(path)})
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 

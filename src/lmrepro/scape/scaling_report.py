@@ -59,7 +59,7 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
                          "lr": d.lr, "val_bpb": s.final_bpb,
                          "test_bpb": d.final_test_bpb,
                          "diverged_at_step": s.diverged_at_step,
-                         "finished_at": finished_at(Path(path)), "path": str(path)})
+                         "finished_at": finished_at(run), "path": str(path)})
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
