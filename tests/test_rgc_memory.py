@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from lmrepro.memory_phases import END, EVALUATION, START, TRAINING, PhasedSampler
@@ -112,3 +113,28 @@ def test_the_byte_account_explains_the_excess_with_the_rest_shown() -> None:
         assert "unaccounted rest" in by
         assert {"activations_kept", "stashed_weights", "queued_copies"} <= set(by)
         assert "snapshot" not in by          # outside the training phase
+
+
+def test_the_excess_table_reads_records_written_under_the_old_setting_names() -> None:
+    """A published async run recorded ``threads_per_worker`` and ``worker_timeout_s`` (since
+    renamed ``threads`` and ``timeout_s``); its byte account must still be computed, from the
+    same settings."""
+    from lmrepro.rgc.report import excess_table
+
+    c = cfg()
+    settings = {k: v for k, v in c.to_dict().items() if k != "model"}
+    old = {("threads_per_worker" if k == "threads" else "worker_timeout_s" if k == "timeout_s"
+            else k): v for k, v in settings.items()}
+    assert "threads" not in old and "threads_per_worker" in old
+
+    def record(executor: str, settings: dict, pss: int) -> dict:
+        return {"method": "rgc" if executor == "async" else "backprop", "executor": executor,
+                "corpus": "austen", "seed": 0, "peak_rss_bytes": pss + 100 * MIB,
+                "peak_pss_bytes": pss, "processes": 2 if executor == "async" else 1,
+                "details": {"executor": executor},
+                "config": {"settings": settings, "model": c.model.to_dict()}}
+    base = record("backprop", settings, 300 * MIB)
+    new_rows = excess_table({"a": record("async", settings, 500 * MIB), "b": base})
+    old_rows = excess_table({"a": record("async", old, 500 * MIB), "b": base})
+    assert not old_rows.empty
+    pd.testing.assert_frame_equal(old_rows, new_rows)
