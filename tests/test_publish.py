@@ -212,6 +212,30 @@ def test_each_published_page_and_headline_is_what_its_files_give(published: Path
                 assert got == {k: v for k, v in item.items() if v is not None}
 
 
+#: published before publication copied locks; each leaves this list when it is republished
+WITHOUT_LOCK = {"reference", "scaling"}
+
+
+@pytest.mark.parametrize("published", PUBLISHED, ids=[p.name for p in PUBLISHED])
+def test_every_published_pipeline_run_carries_its_own_lock(published: Path) -> None:
+    """A run made by ``dvc repro`` carries its ``dvc.lock``, the one whose hashes its index and
+    parameters have; a run listed as lacking one really lacks it (the list stays current)."""
+    if published.name in WITHOUT_LOCK:
+        assert not (published / "dvc.lock").exists(), f"{published.name} has a lock now"
+        return
+    P.check_lock(published)
+
+
+def test_a_publication_without_a_manifest_says_how_it_was_made_instead() -> None:
+    """The device publications are made by a script on a lent machine, not by ``dvc repro``:
+    no lock, and their page names the script and the commit."""
+    for d in (ROOT / "published").iterdir():
+        if d.is_dir() and not (d / P.MANIFEST).is_file():
+            text = (d / "README.md").read_text()
+            assert re.search(r"Made with `bash scripts/[\w-]+\.sh` at commit `[0-9a-f]{7,}`",
+                             text), d.name
+
+
 def test_the_readme_is_short_and_its_links_resolve() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.encode("utf-8")) <= 10 * 1024
