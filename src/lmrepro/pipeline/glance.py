@@ -56,7 +56,7 @@ def _without_parentheses(text: str) -> str:
             depth -= 1
         elif not depth:
             out.append(ch)
-    return re.sub(r"\s+([:,;])", r"\1", re.sub(r"\s{2,}", " ", "".join(out))).strip()
+    return re.sub(r"\s+([:,;.])", r"\1", re.sub(r"\s{2,}", " ", "".join(out))).strip()
 
 
 def brief(measured: str) -> str:
