@@ -25,9 +25,11 @@ from lmrepro.pipeline import sections as S
 from lmrepro.pipeline import timing_history as T
 from lmrepro.pipeline.records import read_analysis
 from lmrepro.pipeline.report import build_index
+from lmrepro.rundirs import IDENTITY, prepare_runs_dir
 from lmrepro.stats import StatsConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+RUNS_IDENTITY = {"rgc": {"steps": 10}, "data": {"shakespeare": "abc"}}
 STATS = StatsConfig(n_resamples=500)
 README = f"# x\n\n## Results\n\n{S.BEGIN}\nold text\n{S.END}\n\n## Explore\n\nmore\n"
 
@@ -44,6 +46,7 @@ def finished_run(root: Path, profile: str = "reference") -> Path:
                            details={"executor": executor})
             (run / "checkpoints" / "step_0000010").mkdir(parents=True)
             (run / "checkpoints" / "step_0000010" / "rank0.pt").write_bytes(b"weights")
+    atomic_write_json(root / "results/rgc/runs" / IDENTITY, RUNS_IDENTITY)
     atomic_write_json(root / "results/rgc/metrics.json", {"x": 1})
     (root / "results/rgc/loss_curve.csv").write_text("run,step,loss\n")
     A.analysis_stage("rgc", STATS, root / "results", root / "results/analysis", seeds=[0, 1])
@@ -107,6 +110,21 @@ def test_publish_copies_the_small_products_and_writes_the_results_section(
     assert "| --- | --- | --- | --- | --- | --- | --- |" in (dest / "README.md").read_text()
     # publishing again replaces the copy in place
     assert P.publish(root) == dest and not list(dest.parent.glob(".reference*"))
+
+
+def test_a_published_run_put_back_is_reused_not_set_aside(tmp_path: Path) -> None:
+    """The runs folders' identities travel with a publication: copied back under a fresh
+    project's results/, the runs are kept by the same identity (nothing retrains)."""
+    dest = P.publish(finished_run(tmp_path / "proj"))
+    assert (dest / "results/rgc/runs" / IDENTITY).is_file()
+    fresh = tmp_path / "fresh"
+    shutil.copytree(dest / "results", fresh / "results")
+    runs = prepare_runs_dir(fresh / "results/rgc/runs", RUNS_IDENTITY)
+    assert (runs / "shakespeare/seed1/rgc-async/summary.json").is_file()
+    assert not list((fresh / "results/rgc").glob("runs.*"))
+    # a changed identity still sets them aside
+    prepare_runs_dir(fresh / "results/rgc/runs", {**RUNS_IDENTITY, "rgc": {"steps": 11}})
+    assert list((fresh / "results/rgc").glob("runs.kept-*"))
 
 
 def test_publish_records_the_session_in_the_timing_history_once(tmp_path: Path) -> None:

@@ -52,6 +52,10 @@ PATTERNS = (
     "results/*/sweep-edge/**/summary.json", "results/*/plan.json",
     "results/*/ablations/**/summary.json",
     "results/*/ablations/**/eval_losses_test.json",
+    # each runs folder's identity: a published run put back under results/ is then resumed
+    # and reused as it is (lmrepro.rundirs.prepare_runs_dir), not set aside and retrained
+    "results/*/runs/**/identity.json", "results/*/sweep/**/identity.json",
+    "results/*/sweep-edge/**/identity.json", "results/*/ablations/**/identity.json",
     "results/steptime/*.json", "results/steptime/*.csv", "results/steptime/*.png",
     "reports/*.html", "reports/provenance.json",
     "metrics/*/*.json", "dvc.lock",
