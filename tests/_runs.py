@@ -1,5 +1,6 @@
 """Run directories in the documented layout (:mod:`lmrepro.results`) with made-up numbers, for
-the analysis, claims and notebook tests: real files, chosen figures."""
+the analysis, claims and notebook tests: real files, chosen figures; and the last checkpoint of a
+trained run, for the trainers' tests."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from lmrepro.checkpoints import Checkpoints
 from lmrepro.io import append_jsonl
 from lmrepro.results import mean_bytes, write_eval_losses, write_summary
 
@@ -53,3 +55,13 @@ def make_run(root: Path, name: str, method: str, *, corpus: str = "shakespeare",
     # as the trainers summarise them: given, or the mean over the metrics records
     write_summary(run_dir, {**summary, "bytes_per_step": bytes_per_step or mean_bytes(records)})
     return run_dir
+
+
+def latest_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
+    """``latest.json`` of a run directory (None: no complete checkpoint)."""
+    return Checkpoints(Path(run_dir), {}, steps=0).latest()
+
+
+def load_checkpoint(run_dir: str | Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """Rank 0's state of a run directory's last checkpoint, written by the run ``identity``."""
+    return Checkpoints(Path(run_dir), identity, steps=0).load()

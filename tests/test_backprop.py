@@ -11,12 +11,14 @@ import pytest
 import torch
 
 from lmrepro import backprop
-from lmrepro.backprop import ALL, backprop_step, checkpoint_state, restore_state
+from lmrepro.backprop import backprop_step
 from lmrepro.baseline.config import BaselineConfig
 from lmrepro.baseline.trainer import train_single
+from lmrepro.checkpoints import ALL, restore_single_model, single_model_state
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
-from lmrepro.results import latest_checkpoint, load_checkpoint
 from lmrepro.rgc import RGCConfig, train
+
+from _runs import latest_checkpoint, load_checkpoint
 
 CFG = ModelConfig(n_layers=2, d_model=16, n_heads=2, context=16)
 
@@ -84,14 +86,14 @@ def test_checkpoint_layout_round_trip_and_the_old_baseline_layout() -> None:
     backprop_step(model, model, opt, x, y)
     gen = torch.Generator().manual_seed(7)
     torch.randint(0, 9, (5,), generator=gen)
-    new = checkpoint_state(copy.deepcopy(model.state_dict()), {ALL: copy.deepcopy(
+    new = single_model_state(copy.deepcopy(model.state_dict()), {ALL: copy.deepcopy(
         opt.state_dict())}, gen.get_state(), extra=[1])
     assert set(new) == {"model", "optims", "gen_state", "extra"}
     old = {"model": new["model"], "optimizer": new["optims"][ALL], "generator": new["gen_state"]}
     for ck in (new, old):
         m2, o2 = model_and_sgd(seed=1)
         g2 = torch.Generator().manual_seed(0)
-        restore_state(ck, m2, {ALL: o2}, g2)
+        restore_single_model(ck, m2, {ALL: o2}, g2)
         for a, b in zip(model.parameters(), m2.parameters()):
             assert torch.equal(a, b)
         assert o2.state_dict()["state"].keys() == opt.state_dict()["state"].keys()

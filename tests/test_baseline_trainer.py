@@ -13,7 +13,8 @@ from lmrepro.errors import ParameterError
 from lmrepro.evaluation import cosine_lr
 from lmrepro.io import read_jsonl
 from lmrepro.model import ModelConfig
-from lmrepro.results import latest_checkpoint, load_checkpoint
+
+from _runs import latest_checkpoint, load_checkpoint
 
 CFG = ModelConfig(n_layers=2, d_model=32, n_heads=2, context=32)
 SEED = 3
@@ -55,15 +56,15 @@ KILL_AT_CHECKPOINT = textwrap.dedent("""
     import os, signal, sys, json, numpy as np, torch
     torch.set_num_threads(1)
     from lmrepro.model import ModelConfig
-    from lmrepro import harness as H
+    from lmrepro.checkpoints import Checkpoints
     from lmrepro.baseline import trainer as T
     from lmrepro.baseline.config import BaselineConfig
-    real = H.publish_checkpoint
+    real = Checkpoints.publish
     def save_then_die(out_dir, step, *a, **k):
         real(out_dir, step, *a, **k)
         if step == int(sys.argv[1]):
             os.kill(os.getpid(), signal.SIGKILL)  # a kill -9 right after a checkpoint
-    H.publish_checkpoint = save_then_die
+    Checkpoints.publish = save_then_die
     cfg, settings, data_path, out, seed = json.loads(sys.argv[2])
     data = np.load(data_path)
     T.train_single(ModelConfig(**cfg), BaselineConfig(**settings), data[:70000], data[70000:],

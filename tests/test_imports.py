@@ -31,7 +31,8 @@ WINGS = ("lmrepro.baseline", "lmrepro.scape", "lmrepro.rgc")
 #: the shared parts below the wings (``lmrepro.wings`` and ``lmrepro.cli`` compose them)
 SHARED = ("lmrepro.pipeline", "lmrepro.results", "lmrepro.data", "lmrepro.model",
           "lmrepro.optim", "lmrepro.stats", "lmrepro.evaluation", "lmrepro.config",
-          "lmrepro.paramfile", "lmrepro.harness", "lmrepro.backprop", "lmrepro.bench")
+          "lmrepro.paramfile", "lmrepro.harness", "lmrepro.backprop", "lmrepro.bench",
+          "lmrepro.checkpoints")
 
 
 def module_name(path: Path) -> str:

@@ -32,10 +32,12 @@ from lmrepro.io import (DamagedFileError, DiskFullError, NonFiniteError, append_
                         read_jsonl)
 from lmrepro.lifetime import FAULT_ENV, guarded_command, pid_alive, scratch_dir, sweep_scratch
 from lmrepro.pipeline.params import load_params
-from lmrepro.results import (CheckpointError, latest_checkpoint, load_checkpoint, read_run,
-                             read_summary, truncate_metrics, write_summary)
+from lmrepro.checkpoints import CheckpointError
+from lmrepro.results import read_run, read_summary, truncate_metrics, write_summary
 from lmrepro.rundirs import collect_runs, identity_key, prepare_runs_dir
 from lmrepro.runlock import WRITER_LOCK, RunDirectoryBusy, writer_lock
+
+from _runs import latest_checkpoint, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

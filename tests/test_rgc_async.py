@@ -13,11 +13,13 @@ import torch
 from lmrepro.lifetime import FAULT_ENV
 from lmrepro.memory import multiprocessing_helper_pids
 from lmrepro.model import lm_loss
-from lmrepro.results import latest_checkpoint, read_run
+from lmrepro.results import read_run
 from lmrepro.rgc import RGCConfig, StageWorkerError, train
 from lmrepro.rgc.recipe import batch_generator, build_model, lr_at, micro_batches, set_lr
 from lmrepro.rgc.sync import make_optimizers
 from lmrepro.data.batches import sample_batch
+
+from _runs import latest_checkpoint
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.slow

@@ -17,9 +17,11 @@ import torch
 
 from lmrepro.errors import ParameterError
 from lmrepro.lifetime import FAULT_ENV
-from lmrepro.results import latest_checkpoint, read_run
+from lmrepro.results import read_run
 from lmrepro.rgc import RGCConfig, train
 from lmrepro.rgc.stage import run_executors
+
+from _runs import latest_checkpoint
 
 torch.set_num_threads(1)
 

@@ -10,15 +10,15 @@ around the step (resume, schedule, cadences, records, timing) is the harness's
 optimizer, the batch generator's seed, micro-batches, clipping, threads, the evaluation and how
 the run ends (its summary).
 
-Checkpoints hold :func:`checkpoint_state`, the layout every single-model trainer shares (RGC's
-executors add their pending gradients to it), so a resumed run is bit-identical to an
-uninterrupted one on CPU.
+Checkpoints hold :func:`lmrepro.checkpoints.single_model_state`, the layout every single-model
+trainer shares (RGC's executors add their pending gradients to it), so a resumed run is
+bit-identical to an uninterrupted one on CPU.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from lmrepro.checkpoints import ALL, restore_single_model, single_model_state
 from lmrepro.data.batches import sample_batch
 from lmrepro.evaluation import bits_per_byte
 from lmrepro.harness import Run
@@ -35,9 +36,6 @@ log = logging.getLogger(__name__)
 
 #: what the caller's ``finish`` returns (a summary dict, a result object)
 R = TypeVar("R")
-
-#: the optimizer's name in a checkpoint's ``optims`` (one optimizer over every parameter)
-ALL = "all"
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,7 @@ def train_backprop(run: Run, spec: BackpropSpec[R]) -> R:
         torch.set_num_threads(spec.threads)
     try:
         with run:
-            start = run.resume(lambda ck: restore_state(ck, model, {ALL: opt}, gen))
+            start = run.resume(lambda ck: restore_single_model(ck, model, {ALL: opt}, gen))
             end = steps if spec.stop_after is None else max(start, min(steps, spec.stop_after))
             log.info("global backprop: %d params, steps %d..%d of %d -> %s",
                      sum(p.numel() for p in model.parameters()), start, end, steps, run.out_dir)
@@ -119,34 +117,10 @@ def train_backprop(run: Run, spec: BackpropSpec[R]) -> R:
                 return spec.record(loss) if spec.record is not None else {"loss": loss}
 
             model.train()
-            run.train(step, lambda: checkpoint_state(model.state_dict(), {ALL: opt.state_dict()},
-                                                     gen.get_state()),
+            run.train(step, lambda: single_model_state(model.state_dict(),
+                                                       {ALL: opt.state_dict()}, gen.get_state()),
                       lambda: bits_per_byte(spec.evaluate()), end)
             bar.close()
             return spec.finish(run, end)
     finally:
         torch.set_num_threads(prev_threads)
-
-
-# -- checkpoints ---------------------------------------------------------------------------------
-
-def checkpoint_state(model_state: dict[str, torch.Tensor], optim_states: Mapping[str, dict],
-                     gen_state: torch.Tensor, **extra: Any) -> dict[str, Any]:
-    """One checkpoint's state in the layout every single-model trainer shares: the full model's
-    weights (``model``), the optimizer states by name (``optims``; :data:`ALL` for one
-    optimizer over every parameter), the batch generator's state (``gen_state``), and whatever
-    else the trainer's next step depends on (``extra``)."""
-    return {"model": model_state, "optims": dict(optim_states), "gen_state": gen_state, **extra}
-
-
-def restore_state(ckpt: Mapping[str, Any], model: torch.nn.Module,
-                  optimizers: Mapping[str, torch.optim.Optimizer],
-                  generator: torch.Generator) -> None:
-    """Load a :func:`checkpoint_state` into the model, the optimizers and the generator."""
-    if "optims" not in ckpt:
-        # the baseline's layout before the shared trainer: one optimizer, other key names
-        ckpt = checkpoint_state(ckpt["model"], {ALL: ckpt["optimizer"]}, ckpt["generator"])
-    model.load_state_dict(ckpt["model"])
-    for name, opt in optimizers.items():
-        opt.load_state_dict(ckpt["optims"][name])
-    generator.set_state(ckpt["gen_state"])

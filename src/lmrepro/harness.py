@@ -4,8 +4,10 @@ A trainer builds its model and optimizers, then hands the harness its *step* (on
 step at a given learning rate, returning what it logs) and its *state* (what a checkpoint holds).
 The harness owns the rest, the same for every trainer:
 
-* the run directory and its identity: one writer (:func:`lmrepro.runlock.writer_lock`, taken by
-  ``with Run(...)``), a checkpoint of another configuration refused;
+* the run directory: one writer (:func:`lmrepro.runlock.writer_lock`, taken by
+  ``with Run(...)``), and its checkpoints (:attr:`Run.checkpoints`, the run's
+  :class:`lmrepro.checkpoints.Checkpoints`: its identity, the checkpoint cadence, where the files
+  go; a checkpoint of another configuration refused);
 * resume: the last complete checkpoint handed to the trainer's ``restore``, ``metrics.jsonl`` cut
   back to its step (:func:`lmrepro.results.truncate_metrics`), the training time and peak memory
   of the invocations before carried on;
@@ -32,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmrepro.checkpoints import Checkpoints
 from lmrepro.evaluation import cosine_lr, wsd_lr
 from lmrepro.io import append_jsonl
 from lmrepro.memory import Memory, MemorySampler
-from lmrepro.results import (METRICS, SUMMARY, RunSummary, load_checkpoint, publish_checkpoint,
-                             save_checkpoint, step_time_std, truncate_metrics, write_eval_losses,
-                             write_summary)
+from lmrepro.results import (METRICS, SUMMARY, RunSummary, step_time_std, truncate_metrics,
+                             write_eval_losses, write_summary)
 from lmrepro.runlock import writer_lock
 
 #: what a step returns: at least ``loss`` (nats), then anything else it logs for the step
@@ -88,10 +90,10 @@ class Cadence:
     """Which steps are logged, evaluated and checkpointed (``done`` counts completed steps).
 
     A checkpoint every ``checkpoint_every`` steps before the last (0: none), and after the last
-    when ``checkpoint_last``; an evaluation every ``eval_every`` steps before the last (0: none;
-    the final model is evaluated by the trainer) and after the step counts in ``eval_at``; a
-    step record every ``log_every`` steps and
-    for the last step."""
+    when ``checkpoint_last`` (the run's :class:`~lmrepro.checkpoints.Checkpoints` answers when
+    one is due); an evaluation every ``eval_every`` steps before the last (0: none; the final
+    model is evaluated by the trainer) and after the step counts in ``eval_at``; a step record
+    every ``log_every`` steps and for the last step."""
 
     steps: int
     checkpoint_every: int = 0
@@ -99,11 +101,6 @@ class Cadence:
     eval_every: int = 0
     log_every: int = 1
     eval_at: frozenset[int] = frozenset()
-
-    def checkpoint_due(self, done: int) -> bool:
-        if done == self.steps:
-            return self.checkpoint_last
-        return bool(self.checkpoint_every) and done % self.checkpoint_every == 0
 
     def eval_due(self, done: int) -> bool:
         """Every ``eval_every`` steps, and after each count of steps in ``eval_at``, before
@@ -134,14 +131,18 @@ class Place:
 class Run:
     """One training run's harness (see the module's docstring); use it as a context manager.
 
-    ``identity`` is what a checkpoint must share with the run that resumes it;
-    ``tokens_per_step`` counts every rank's tokens; ``sampler`` measures this process (tree)."""
+    ``identity`` is what a checkpoint must share with the run that resumes it (it and the
+    cadence's checkpoints make :attr:`checkpoints`); ``tokens_per_step`` counts every rank's
+    tokens; ``sampler`` measures this process (tree)."""
 
     def __init__(self, out_dir: str | Path | None, identity: dict[str, Any], schedule: Schedule,
                  cadence: Cadence, tokens_per_step: int, *, sampler: MemorySampler | None = None,
                  place: Place = Place()) -> None:
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.identity, self.lr, self.cadence = identity, schedule, cadence
+        self.lr, self.cadence = schedule, cadence
+        self.checkpoints = Checkpoints(self.out_dir, identity, cadence.steps,
+                                       cadence.checkpoint_every, cadence.checkpoint_last,
+                                       place.world_size)
         self.tokens_per_step, self.place = tokens_per_step, place
         self.sampler = sampler if sampler is not None else MemorySampler()
         self.records: list[dict[str, Any]] = []
@@ -175,10 +176,7 @@ class Run:
     def resume(self, restore: Callable[[dict[str, Any]], None]) -> int:
         """Load the last complete checkpoint (if any) into the trainer through ``restore``, cut
         ``metrics.jsonl`` back to its step; returns the step to start from."""
-        state = None
-        if self.out_dir is not None:
-            state = load_checkpoint(self.out_dir, self.identity, self.place.rank,
-                                    self.place.world_size)
+        state = self.checkpoints.load(self.place.rank)
         if self.writes:
             assert self.out_dir is not None
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -224,15 +222,10 @@ class Run:
         if self.out_dir is None:
             return
         t0 = time.perf_counter()
-        save_checkpoint(self.out_dir, done, {
+        self.checkpoints.commit(done, {
             **state, "elapsed_s": self.train_time_s, "checkpoint_time_s": self.checkpoint_time_s,
             "peak_memory": self.sampler.peak.peak(self.resumed_peak).to_dict()},
-            rank=self.place.rank)
-        if self.place.barrier is not None:
-            self.place.barrier(f"checkpoint barrier at step {done}")
-        if self.place.is_main:
-            publish_checkpoint(self.out_dir, done, self.identity,
-                               world_size=self.place.world_size)
+            self.place.rank, self.place.barrier)
         self.checkpoint_time_s += time.perf_counter() - t0
 
     # -- the loop --------------------------------------------------------------------------------
@@ -266,7 +259,7 @@ class Run:
         if evaluate is not None and self.cadence.eval_due(done):
             got = evaluate()
             self.log({"step": done - 1, **(got if isinstance(got, dict) else {"eval_bpb": got})})
-        if self.cadence.checkpoint_due(done):
+        if self.checkpoints.due(done):
             self.save(done, state())
 
     # -- the summary -----------------------------------------------------------------------------

@@ -13,12 +13,11 @@ A run directory holds:
   such numbers, and ``float()`` reads them back (the analysis then calls the run diverged);
 * ``summary.json``: a :class:`RunSummary` (the same keys for every trainer);
 * ``checkpoints/``: ``step_XXXXXXX/rank<r>.pt`` per rank and ``latest.json`` naming the last
-  complete one (:func:`save_checkpoint`, :func:`publish_checkpoint`, :func:`load_checkpoint`);
+  complete one, written and read by the run's checkpoint manager (:mod:`lmrepro.checkpoints`);
 * ``.writer.lock``: the lock of the one process writing it (:func:`lmrepro.runlock.writer_lock`).
 
 Every file is written atomically (:mod:`lmrepro.io`), by one writer per run directory
-(:mod:`lmrepro.runlock`). A damaged checkpoint raises :class:`CheckpointError` naming the file
-and how to start over (move the run directory aside; nothing here deletes a run).
+(:mod:`lmrepro.runlock`).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
@@ -35,10 +33,8 @@ from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationEr
                       field_serializer, model_validator)
 
 from lmrepro.config import config_error
-from lmrepro.errors import ParameterError, check
-from lmrepro.io import (DamagedFileError, atomic_torch_save, atomic_write_json, atomic_write_text,
-                        jsonl_text, read_json, read_jsonl, torch_load)
-from lmrepro.lifetime import fault_point
+from lmrepro.errors import check
+from lmrepro.io import atomic_write_json, atomic_write_text, jsonl_text, read_json, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +42,6 @@ SUMMARY = "summary.json"
 EVAL_LOSSES = "eval_losses.json"
 EVAL_LOSSES_TEST = "eval_losses_test.json"      # the same on the test split, where written
 METRICS = "metrics.jsonl"
-CHECKPOINTS = "checkpoints"
-LATEST = "latest.json"
 TOTAL = "total"          # the byte kind that sums the others (``bytes_total``)
 
 
@@ -280,139 +274,3 @@ def mean_bytes(records: list[dict]) -> dict[str, float] | None:
         return None
     kinds = [k.removeprefix("bytes_") for k in rows[0] if k.startswith("bytes_")]
     return {k: float(sum(r[f"bytes_{k}"] for r in rows) / len(rows)) for k in kinds}
-
-
-# ------------------------------------------------------------------------------------------------
-# checkpoints: one format for every trainer
-# ------------------------------------------------------------------------------------------------
-
-def _step_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / CHECKPOINTS / f"step_{step:07d}"
-
-
-def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], rank: int = 0) -> None:
-    """Write this rank's state for ``step`` (atomically). Multi-rank runs call
-    :func:`publish_checkpoint` on rank 0 once every rank has saved (after a barrier)."""
-    atomic_torch_save({"step": int(step), "rank": int(rank), **state},
-                      _step_dir(Path(run_dir), step) / f"rank{rank}.pt")
-
-
-def save_part(run_dir: str | Path, step: int, part: int, state: dict[str, Any]) -> Path:
-    """Write process ``part``'s share of the state after ``step`` beside the checkpoint of that
-    step (atomically): a multi-process run whose processes each save their own share, so no
-    state travels through one process. The checkpoint (:func:`save_checkpoint`, rank 0) names
-    how many parts it has; it is complete once published."""
-    path = _step_dir(Path(run_dir), step) / f"part{part}.pt"
-    atomic_torch_save({"step": int(step), "part": int(part), **state}, path)
-    return path
-
-
-def load_part(run_dir: str | Path, step: int, part: int) -> dict[str, Any]:
-    """Process ``part``'s share saved by :func:`save_part` (a clear error when missing or
-    damaged)."""
-    return _read_state(_step_dir(Path(run_dir), step) / f"part{part}.pt", run_dir, int(step),
-                       "the checkpoint's parts are incomplete", "its checkpoint is of step")
-
-
-def drop_unpublished(run_dir: str | Path, step: int) -> None:
-    """Remove step ``step``'s checkpoint directory unless ``latest.json`` points at it (parts
-    written only to hand the final state over)."""
-    latest = latest_checkpoint(run_dir)
-    d = _step_dir(Path(run_dir), step)
-    if latest is None or latest.get("dir") != d.name:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def publish_checkpoint(run_dir: str | Path, step: int, identity: dict[str, Any],
-                       world_size: int = 1) -> None:
-    """Point ``latest.json`` at ``step`` (the checkpoint is complete) and drop older ones (a
-    newer one being written is kept)."""
-    run_dir = Path(run_dir)
-    name = _step_dir(run_dir, step).name
-    atomic_write_json(run_dir / CHECKPOINTS / LATEST,
-                      {"step": int(step), "dir": name, "world_size": int(world_size),
-                       "identity": identity})
-    fault_point(f"checkpoint-published@{step}")   # test hook: killed right after a checkpoint
-    for old in (run_dir / CHECKPOINTS).glob("step_*"):
-        # only older ones: a newer step's directory may already hold parts that processes
-        # running ahead saved (lmrepro.rgc.async_)
-        if old.name < name:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], identity: dict[str, Any]
-               ) -> None:
-    """Single-process runs: save and publish in one call."""
-    save_checkpoint(run_dir, step, state)
-    publish_checkpoint(run_dir, step, identity)
-
-
-class CheckpointError(ParameterError):
-    """A checkpoint that cannot be resumed: the message names the file and how to start over."""
-
-    def __init__(self, path: str | Path, run_dir: str | Path, problem: str) -> None:
-        run_dir = Path(run_dir)
-        super().__init__("checkpoint", str(path),
-                         f"{problem}; to start the run over, move its directory aside "
-                         f"(mv {run_dir} {run_dir}.damaged) and run again")
-
-
-def latest_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
-    """``latest.json`` of a run directory, or None when it has no complete checkpoint."""
-    path = Path(run_dir) / CHECKPOINTS / LATEST
-    if not path.exists():
-        return None
-    try:
-        latest = read_json(path)
-    except (DamagedFileError, UnicodeDecodeError, ValueError) as err:
-        raise CheckpointError(path, run_dir, f"is damaged ({err})") from None
-    if not (isinstance(latest, dict) and isinstance(latest.get("step"), int)
-            and isinstance(latest.get("dir"), str)):
-        raise CheckpointError(path, run_dir, "is damaged (not the record a checkpoint writes)")
-    return latest
-
-
-def load_checkpoint(run_dir: str | Path, identity: dict[str, Any], rank: int = 0,
-                    world_size: int = 1) -> dict[str, Any] | None:
-    """This rank's state of the last complete checkpoint, or None if there is none.
-
-    Refuses (naming what differs) a checkpoint written by another configuration or world size:
-    resuming it would silently mix two runs."""
-    run_dir = Path(run_dir)
-    latest = latest_checkpoint(run_dir)
-    if latest is None:
-        return None
-    have = latest.get("identity", {})
-    want = json.loads(json.dumps(identity, sort_keys=True, default=str))
-    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-    if diff:
-        raise ParameterError(
-            "run directory", str(run_dir),
-            f"holds a checkpoint of a different run (differs in {diff}: checkpoint "
-            f"{[have.get(k) for k in diff]} vs now {[want.get(k) for k in diff]}); "
-            "use a fresh run directory, or move this one aside to start over")
-    check(int(latest.get("world_size", 1)) == world_size, "world size", world_size,
-          f"must equal the checkpoint's {latest.get('world_size')} to resume {run_dir}")
-    return _read_state(run_dir / CHECKPOINTS / latest["dir"] / f"rank{rank}.pt", run_dir,
-                       int(latest["step"]), "the checkpoint directory is incomplete",
-                       "latest.json says")
-
-
-def _read_state(path: Path, run_dir: str | Path, step: int, when_missing: str,
-                step_source: str) -> dict[str, Any]:
-    """One saved state of step ``step`` (a rank's or a part's), or a :class:`CheckpointError`
-    saying what is wrong with the file: missing (``when_missing`` says why that matters),
-    damaged, or of another step (``step_source`` names where ``step`` came from)."""
-    if not path.exists():
-        raise CheckpointError(path, run_dir, f"is missing ({when_missing})")
-    try:
-        state = torch_load(path)
-    except Exception as err:  # noqa: BLE001 - torch reports damage as OSError or RuntimeError
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(path, run_dir, f"is damaged: torch cannot read it ({reason}; "
-                              f"{path.stat().st_size} bytes)") from None
-    if not (isinstance(state, dict) and int(state.get("step", -1)) == step):
-        raise CheckpointError(path, run_dir, f"records step "
-                              f"{state.get('step') if isinstance(state, dict) else None}, "
-                              f"{step_source} {step}")
-    return state

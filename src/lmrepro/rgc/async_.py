@@ -53,6 +53,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from lmrepro.checkpoints import Checkpoints
 from lmrepro.distributed import free_port
 from lmrepro.errors import check
 from lmrepro.evaluation import bits_per_byte
@@ -61,7 +62,6 @@ from lmrepro.lifetime import fault_spec
 from lmrepro.memory import Memory
 from lmrepro.memory_phases import END, TRAINING, START
 from lmrepro.model import ByteTransformer
-from lmrepro.results import drop_unpublished, load_part
 from lmrepro.rgc import events as events_mod
 from lmrepro.rgc.checkpoint import checkpoint_state, state_from_bytes, state_to_bytes
 from lmrepro.rgc.config import RGCConfig
@@ -138,9 +138,9 @@ def worker_start(cfg: RGCConfig, w: int, model: ByteTransformer,
 
 
 def _start_workers(cfg: RGCConfig, spec: RunSpec, starts: list[bytes], end: int,
-                   train_data: np.ndarray, kind: str) -> _Pipeline:
+                   train_data: np.ndarray, kind: str, checkpoints: Checkpoints) -> _Pipeline:
     """Start the W workers, with bounded queues between neighbours (forward; backward for
-    H > 1)."""
+    H > 1); each saves its own part of a checkpoint through the run's ``checkpoints``."""
     ctx = _mp_context()
     W, size = cfg.n_workers, cfg.queue_capacity
     fwd = [ctx.Queue(maxsize=size) for _ in range(W - 1)]
@@ -156,8 +156,7 @@ def _start_workers(cfg: RGCConfig, spec: RunSpec, starts: list[bytes], end: int,
                   "bwd_in": bwd[w] if bwd and w < W - 1 else None,
                   "bwd_out": bwd[w - 1] if bwd and w > 0 else None}
         args = WorkerArgs(w, cfg_dict, spec.seed, port, starts[w], end,
-                          by_reference(train_data) if w == 0 else None,
-                          None if spec.out_dir is None else str(spec.out_dir), queues,
+                          by_reference(train_data) if w == 0 else None, checkpoints, queues,
                           pipe.results, pipe.stop, pipe.finish, pipe.go, pipe.status,
                           fault_spec(), kind)
         p = ctx.Process(target=_stage_worker, name=f"rgc-worker-{w}", args=(args,), daemon=True)
@@ -179,16 +178,15 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
     template: ByteTransformer | None = build_model(cfg, spec.seed)
     ckpt: list[dict[str, Any]] = []
 
-    def restore(ck: dict[str, Any]) -> None:
-        if "parts" in ck:        # each worker saved its own part beside the checkpoint
-            assert spec.out_dir is not None
-            ck = {**_assemble(cfg, {w: load_part(spec.out_dir, int(ck["step"]), w)
-                                    for w in range(int(ck["parts"]))}), "step": ck["step"]}
-        assert template is not None
-        template.load_state_dict(ck["model"])
-        ckpt.append(ck)
-
     with harness(cfg, spec, run_sampler(START)) as run:
+        def restore(ck: dict[str, Any]) -> None:
+            if "parts" in ck:        # each worker saved its own part beside the checkpoint
+                ck = {**_assemble(cfg, {w: run.checkpoints.load_part(int(ck["step"]), w)
+                                        for w in range(int(ck["parts"]))}), "step": ck["step"]}
+            assert template is not None
+            template.load_state_dict(ck["model"])
+            ckpt.append(ck)
+
         end = spec.end(cfg, run.resume(restore))
         if end == run.start:
             assert template is not None
@@ -199,7 +197,7 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
                   for w in range(cfg.n_workers)]
         ckpt.clear()
         template = None          # the evaluation copy: rebuilt when an evaluation needs it
-        pipe = _start_workers(cfg, spec, starts, end, train_data, kind)
+        pipe = _start_workers(cfg, spec, starts, end, train_data, kind, run.checkpoints)
         del starts
         set_phase(run, TRAINING)
         parent = _Parent(cfg, run, pipe, spec.seed, val_data, end, before_workers)
@@ -217,8 +215,8 @@ def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data:
               "workers must report a state")
         assert parent.final is not None
         parent.load_weights(parent.final)
-        if spec.out_dir is not None:
-            drop_unpublished(spec.out_dir, end)
+        if run.checkpoints.on_disk:
+            run.checkpoints.drop_unpublished(end)
         events = events_mod.collect(parent.events)
         if spec.out_dir is not None:
             events_mod.write(spec.out_dir, events, run.start)
@@ -346,9 +344,8 @@ class _Parent:
         if isinstance(parts, dict):
             model.load_state_dict(_assemble(self.cfg, parts)["model"])
             return
-        assert self.run.out_dir is not None
         for w in range(self.cfg.n_workers):
-            part = load_part(self.run.out_dir, parts, w)
+            part = self.run.checkpoints.load_part(parts, w)
             model.load_state_dict({**part["params"], **part.get("decoder", {})}, strict=False)
             del part
 

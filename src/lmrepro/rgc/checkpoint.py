@@ -1,8 +1,9 @@
 """An RGC run's checkpoint: the identity a resuming run must share (:func:`run_identity`) and
-its state (:func:`checkpoint_state`), in the package's one format (:mod:`lmrepro.results`) and
-the single-model layout of :func:`lmrepro.backprop.checkpoint_state` (a full ``ByteTransformer``
-state dict, the optimizer states by name, the batch generator's state) with the RGC executors'
-pending gradients; a state as bytes for the async workers' messages."""
+its state (:func:`checkpoint_state`), written by the run's checkpoint manager
+(:mod:`lmrepro.checkpoints`) in the single-model layout of
+:func:`lmrepro.checkpoints.single_model_state` (a full ``ByteTransformer`` state dict, the
+optimizer states by name, the batch generator's state) with the RGC executors' pending
+gradients; a state as bytes for the async workers' messages."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lmrepro import backprop
+from lmrepro.checkpoints import single_model_state
 from lmrepro.rgc.config import RGCConfig
 
 
@@ -31,15 +32,15 @@ def checkpoint_state(model_state: dict[str, torch.Tensor], optim_states: dict[st
                      gen_state: torch.Tensor, pending_consensus: list[torch.Tensor],
                      in_flight: dict[str, Any] | None = None) -> dict[str, Any]:
     """One checkpoint's state, the same for both RGC executors: the package's single-model layout
-    (:func:`lmrepro.backprop.checkpoint_state`: weights, optimizer states by name ``stage<k>``
+    (:func:`lmrepro.checkpoints.single_model_state`: weights, optimizer states by name ``stage<k>``
     and ``decoder``, the batch generator) with the consensus gradients not yet applied
     (``consensus_staleness`` > 0) and, for a run whose workers run ahead
     (:attr:`RGCConfig.runs_ahead`), the stage gradients still in flight: the sync executor's
     delayed gradients (``stage_grads``), the async workers' kept steps and unread messages
     (``workers``, by worker)."""
-    return backprop.checkpoint_state(model_state, optim_states, gen_state,
-                                     pending_consensus=list(pending_consensus),
-                                     in_flight=in_flight or {})
+    return single_model_state(model_state, optim_states, gen_state,
+                              pending_consensus=list(pending_consensus),
+                              in_flight=in_flight or {})
 
 
 def state_to_bytes(obj: Any) -> bytes:

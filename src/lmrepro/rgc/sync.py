@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmrepro.backprop import restore_state
+from lmrepro.checkpoints import restore_single_model
 from lmrepro.data.batches import sample_batch
 from lmrepro.evaluation import bits_per_byte
 from lmrepro.harness import StepFn
@@ -74,7 +74,7 @@ def _run(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.nda
                                cfg.stage_gradient_delays)
 
     def restore(ck: dict[str, Any]) -> None:
-        restore_state(ck, model, opts, gen)
+        restore_single_model(ck, model, opts, gen)
         consensus.restore(ck.get("pending_consensus", []))
         delay.restore(ck.get("in_flight", {}).get("stage_grads", {}))
 

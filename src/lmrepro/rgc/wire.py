@@ -58,8 +58,8 @@ class StateAfter:
 @dataclass(frozen=True)
 class PartSaved:
     """The worker wrote its part of the training state after ``done`` steps to the run's
-    checkpoint directory (:func:`lmrepro.results.save_part`) in ``seconds``: nothing but this
-    note crosses."""
+    checkpoint directory (:meth:`lmrepro.checkpoints.Checkpoints.save_part`) in ``seconds``:
+    nothing but this note crosses."""
 
     worker: int
     done: int

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from lmrepro.checkpoints import Checkpoints
 from lmrepro.data.batches import sample_batch
 from lmrepro.lifetime import fault_armed, fault_point
 from lmrepro.optim.comm import grads_to_flat
-from lmrepro.results import save_part
 from lmrepro.rgc.checkpoint import state_from_bytes, state_to_bytes
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.consensus_queue import ConsensusQueue
@@ -37,7 +37,8 @@ class WorkerArgs:
     """What the parent hands worker ``w`` at its start: the configuration (as a dict), the seed,
     the rendezvous port, its part of the start state (its stages' and the decoder's weights,
     and when resuming the rest of its part of the checkpoint), the step to stop before, the
-    training data (stage 0's worker only), its queues (``fwd_in``, ``fwd_out``, ``bwd_in``,
+    training data (stage 0's worker only), the run's checkpoints (when one is due, and where
+    the worker saves its part), its queues (``fwd_in``, ``fwd_out``, ``bwd_in``,
     ``bwd_out``; None where it has no neighbour), the results queue, the parent's ``stop``,
     ``finish`` and ``go`` events, the shared wait ``status`` array and the parent's armed fault
     point (:func:`lmrepro.lifetime.fault_spec`: the fork server may have started before a test
@@ -50,7 +51,7 @@ class WorkerArgs:
     start: bytes            # its part of the start state (worker_start), as torch.save bytes
     stop_step: int
     train_data: np.ndarray | MappedBytes | None   # stage 0's worker: a file mapping by path
-    run_dir: str | None       # where the worker saves its part of the state (None: send it)
+    checkpoints: Checkpoints   # no run directory: the worker sends its part instead
     queues: dict[str, Any]
     results: Any
     stop: Any
@@ -136,15 +137,15 @@ class StageWorker:
         at a checkpoint and at the last step (the parent reads what it needs from disk, so no
         state travels through it); otherwise, and for an evaluation between checkpoints, the
         state goes to the parent as bytes."""
-        due = cadence(self.cfg)
+        due, ckpts = cadence(self.cfg), self.a.checkpoints
         self.resend()
         for step in range(self.start, self.a.stop_step):
             self.step(step)
             done = step + 1
-            last_or_ckpt = done == self.a.stop_step or due.checkpoint_due(done)
-            if self.a.run_dir is not None and last_or_ckpt:
+            last_or_ckpt = done == self.a.stop_step or ckpts.due(done)
+            if ckpts.on_disk and last_or_ckpt:
                 t0 = time.perf_counter()
-                save_part(self.a.run_dir, done, self.a.w, self.state())
+                ckpts.save_part(done, self.a.w, self.state())
                 self.a.results.put(PartSaved(self.a.w, done, time.perf_counter() - t0))
             elif last_or_ckpt or due.eval_due(done):
                 self.a.results.put(StateAfter(self.a.w, done, state_to_bytes(self.state())))

@@ -6,10 +6,10 @@ seed, samples its own batches from a per-rank seeded ``torch.Generator``, calls
 around AdamW / AdamS) does the gradient communication itself. Rank 0 writes the run directory in
 the layout of :mod:`lmrepro.results`.
 
-Checkpoints (``--checkpoint-every``) use the one format of :mod:`lmrepro.results`:
-``OUT/checkpoints/step_XXXXXXX/rank{r}.pt`` (each rank: its optimizer state with its
-error-feedback residual and the in-flight mask, and its batch generator state; rank 0 also the
-replicated parameters), written atomically; after a barrier rank 0 points
+Checkpoints (``--checkpoint-every``) go through the run's checkpoint manager
+(:mod:`lmrepro.checkpoints`): ``OUT/checkpoints/step_XXXXXXX/rank{r}.pt`` (each rank: its
+optimizer state with its error-feedback residual and the in-flight mask, and its batch generator
+state; rank 0 also the replicated parameters), written atomically; after a barrier rank 0 points
 ``OUT/checkpoints/latest.json`` at the new directory, so a kill at any moment leaves the previous
 complete checkpoint. A relaunch with the same
 arguments resumes from it (``--no-resume`` to forbid) and reproduces the uninterrupted run's
@@ -47,7 +47,7 @@ from lmrepro.lifetime import fault_armed, fault_point
 from lmrepro.memory import Memory, MemorySampler, memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import SCAPE, AdamS, DenseDP, NonFiniteGradientError, TopKEF, weight_decay_groups
-from lmrepro.results import SUMMARY, load_checkpoint, mean_bytes
+from lmrepro.results import SUMMARY, mean_bytes
 from lmrepro.scape.config import RESUME_FREE, SPARSE_OPTIMIZERS, ScapeConfig, ScapeRun
 
 FINAL_MODEL = "model_final.pt"
@@ -205,8 +205,7 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
         gen = torch.Generator().manual_seed(target.seed * 1_000_003 + 7919 * ctx.rank + 1)
 
         def restore(mine: dict[str, Any]) -> None:
-            main = mine if ctx.is_main else load_checkpoint(out, harness.identity, 0,
-                                                            ctx.world_size)
+            main = mine if ctx.is_main else harness.checkpoints.load(rank=0)
             assert main is not None      # rank 0's part of the checkpoint this rank resumes
             model_state = main["model"]
             with torch.no_grad():
@@ -218,7 +217,7 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
             return {"optimizer": opt.state_dict(), "generator": gen.get_state(),
                     **({"model": model.state_dict()} if ctx.is_main else {})}
 
-        if not target.resume and (out / "checkpoints").exists():
+        if not target.resume and harness.checkpoints.exists():
             raise ParameterError("resume", False, f"{out} holds a checkpoint: pass --resume or "
                                  "choose a fresh --out")
         start = harness.resume(restore)
