@@ -150,8 +150,8 @@ def test_an_unset_knob_leaves_the_identity_of_runs_made_before_it(
     from lmrepro.scape import scaling
 
     monkeypatch.setattr(scaling, "data_identity", lambda *a: {})
-    study = scaling.Study(ScalingStudy(**_mechanism_raw()), ScapeConfig(steps=10),
-                          "shakespeare", 2, tmp_path, tmp_path)
+    study = scaling.ScapeStudy(ScalingStudy(**_mechanism_raw()), ScapeConfig(steps=10),
+                               "shakespeare", 2, tmp_path, tmp_path)
     plain = ScapeRun(name="scape90", optimizer="scape", sparsity=0.9, lr=0.004)
     keepm = plain.replace(off_mask_momentum="decay")
     got = study._identity("2x64", [plain, keepm], ScapeConfig(steps=10))["runs"]

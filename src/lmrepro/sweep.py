@@ -22,6 +22,11 @@ def select_best(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     return {run: lr for run, (_, lr) in best.items()}
 
 
+def sweep_lr(lr: float, factor: float) -> float:
+    """A sweep value: ``lr * factor`` to 3 significant digits (what its run's name shows)."""
+    return float(f"{lr * factor:.3g}")
+
+
 def _grid(rows: Sequence[dict[str, Any]], run: str) -> list[float]:
     return sorted(float(r["lr"]) for r in rows if r["run"] == run)
 

@@ -15,6 +15,11 @@ size (the ``rgc_horizon`` profiles: one length, RGC at every horizon and stalene
   study does not use, scored on the validation split); its winners are every length's lr at the
   verdict size, and the verdict is judged on the test split.
 
+The order, the sweep and its edge check are the shared engine's
+(:mod:`lmrepro.pipeline.study_engine`); :class:`RGCStudy` supplies RGC's runs, their
+directories and identities, and trains them as independent jobs in a process pool (or puts a
+published study's runs back).
+
 Executors. Quality runs use the one-process executors: ``sync`` RGC computes what the ``async``
 executor computes (the same updates to float rounding, ~1e-7 relative, for every horizon and
 staleness: tests/test_rgc_async.py), so the study's RGC figures stand for the async executor's,
@@ -33,24 +38,21 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lmrepro.data.stage import data_identity
-from lmrepro.io import atomic_write_json, read_json
 from lmrepro.model import ModelConfig
-from lmrepro.results import SUMMARY, read_summary
+from lmrepro.pipeline.study_engine import LengthStudy, Point, RunDirs, no_study
+from lmrepro.results import SUMMARY
 from lmrepro.rundirs import prepare_runs_dir, restore_run, seed_dir
 from lmrepro.rgc.config import RGCConfig, RGCScaling, RGCStudyRun, RGCSuite
 from lmrepro.runlock import holds_writer_lock
-from lmrepro.sweep import beyond_edge, edge_row, on_edge, select_best
 
 log = logging.getLogger(__name__)
-
-PLAN = "plan.json"
-SWEEP_JSON = "sweep.json"
 
 
 def run_config(base: RGCConfig, shape: ModelConfig, run: RGCStudyRun, steps: int,
@@ -65,11 +67,6 @@ def run_config(base: RGCConfig, shape: ModelConfig, run: RGCStudyRun, steps: int
                         "lr": run.lr, "consensus_staleness": run.consensus_staleness,
                         "horizon": run.horizon or base.horizon,
                         "backprop_threads": threads})
-
-
-def sweep_lr(lr: float, factor: float) -> float:
-    """A sweep value: ``lr * factor`` to 3 significant digits (the name of its directory)."""
-    return float(f"{lr * factor:.3g}")
 
 
 @dataclass(frozen=True)
@@ -101,8 +98,10 @@ def train_job(job: Job) -> Path:
     return job.run_dir
 
 
-class Study:
-    """Runs the study under ``stage_dir`` (see the module docstring)."""
+class RGCStudy:
+    """What RGC supplies to the study engine (:class:`lmrepro.pipeline.study_engine.StudyWing`):
+    its runs, each a job of its own, trained ``parallel`` at a time or put back from a
+    published study."""
 
     def __init__(self, study: RGCScaling, base: RGCConfig, corpus: str,
                  prepared_dir: str | Path, stage_dir: str | Path,
@@ -113,6 +112,30 @@ class Study:
         self.stage = Path(stage_dir)
         # a published study's stage folder: its runs are put back instead of trained
         self.restore_from = None if restore_from is None else Path(restore_from)
+
+    def runs(self, size: str) -> list[RGCStudyRun]:
+        return list(self.study.runs)
+
+    def name(self, run: RGCStudyRun) -> str:
+        return run.name
+
+    def lr(self, run: RGCStudyRun) -> float:
+        return run.lr
+
+    def at_lr(self, run: RGCStudyRun, lr: float) -> RGCStudyRun:
+        return run.model_copy(update={"lr": lr})
+
+    def variant(self, run: RGCStudyRun, lr: float) -> RGCStudyRun:
+        return run.model_copy(update={"name": f"{run.name}@lr{lr:g}", "lr": lr})
+
+    def train(self, points: Sequence[Point[RGCStudyRun]]) -> list[RunDirs]:
+        """Every point's jobs in one pool (:meth:`execute`), so points overlap."""
+        jobs = [self.jobs(p.kind, p.size, p.steps, p.runs, p.seeds) for p in points]
+        done = iter(self.execute([j for js in jobs for j in js]))
+        return [{(j.name, j.seed): next(done) for j in js} for js in jobs]
+
+    def extras(self, verdict_runs: list[RGCStudyRun]) -> dict[str, Path]:
+        return {}
 
     def jobs(self, kind: str, size: str, steps: int, runs: list[RGCStudyRun],
              seeds: list[int]) -> list[Job]:
@@ -149,82 +172,6 @@ class Study:
                 train_job(j)
         return [j.run_dir for j in jobs]
 
-    def sweep(self) -> dict[str, float]:
-        """The verdict point's lr sweep (one seed, validation split); the winners by run."""
-        s = self.study
-        if not s.sweep_factors:
-            return {}
-        grid = [(run, run.model_copy(update={"name": f"{run.name}@lr{sweep_lr(run.lr, f):g}",
-                                             "lr": sweep_lr(run.lr, f)}))
-                for run in s.runs for f in s.sweep_factors]
-        jobs = self.jobs("sweep", s.verdict_size, s.verdict_steps, [g for _, g in grid],
-                         [s.sweep_seed])
-        rows = []
-        for (run, at), d in zip(grid, self.execute(jobs)):
-            summary = read_summary(d)
-            rows.append({"run": run.name, "lr": at.lr, "final_bpb": summary.final_bpb,
-                         "diverged_at_step": summary.diverged_at_step})
-        best = select_best(rows)
-        atomic_write_json(self.stage / "sweep" / SWEEP_JSON, {
-            "size": s.verdict_size, "steps": s.verdict_steps, "seed": s.sweep_seed,
-            "factors": s.sweep_factors, "rows": rows, "best": best,
-            "on_edge": on_edge(rows, best)})
-        return best
-
-    def edge_check(self) -> dict[str, Any] | None:
-        """After everything else: each sweep winner on the grid's edge trained once more one
-        grid step beyond it (the sweep's seed and length), to say whether the tuned lr is the
-        optimum or the grid cut it off. Reported (``sweep/edge_check.json``), not applied."""
-        path = self.stage / "sweep" / SWEEP_JSON
-        if not path.exists():
-            return None
-        table = read_json(path)
-        s = self.study
-        by_name = {r.name: r for r in s.runs}
-        beyond: list[tuple[str, RGCStudyRun]] = []
-        for name in table["on_edge"]:
-            lr = beyond_edge(table["rows"], table["best"], name)
-            beyond.append((name, by_name[name].model_copy(
-                update={"name": f"{name}@lr{lr:g}", "lr": lr})))
-        rows = []
-        if beyond:
-            jobs = self.jobs("sweep-edge", s.verdict_size, s.verdict_steps,
-                             [b for _, b in beyond], [s.sweep_seed])
-            for (name, at), d in zip(beyond, self.execute(jobs)):
-                got = read_summary(d)
-                rows.append(edge_row(table["rows"], table["best"], name, at.lr, got.final_bpb,
-                                     got.diverged_at_step))
-        out = {"size": table["size"], "steps": table["steps"], "seed": table["seed"],
-               "rows": rows}
-        atomic_write_json(self.stage / "sweep" / "edge_check.json", out)
-        return out
-
-    def runs_of(self, size: str, best: dict[str, float]) -> list[RGCStudyRun]:
-        if size != self.study.verdict_size:
-            return list(self.study.runs)
-        return [r.model_copy(update={"lr": best[r.name]}) if r.name in best else r
-                for r in self.study.runs]
-
-    def run(self) -> dict[str, Path]:
-        """The sweep, then every point, the verdict point first (so an interrupted study has
-        the verdict first)."""
-        s = self.study
-        best = self.sweep()
-        vsize, vsteps = s.verdict_size, s.verdict_steps
-        points = [(vsize, vsteps, sorted(set(s.seeds[vsize]) | set(s.verdict_seeds)))]
-        points += [(size, steps, s.seeds[size]) for size, lengths in s.lengths.items()
-                   for steps in lengths if (size, steps) != (vsize, vsteps)]
-        jobs = [j for size, steps, seeds in points
-                for j in self.jobs("runs", size, steps, self.runs_of(size, best), seeds)]
-        dirs = self.execute(jobs)
-        out = {str(d.relative_to(self.stage / "runs")): d for d in dirs}
-        if s.edge_check:
-            self.edge_check()
-        atomic_write_json(self.stage / PLAN, {"runs": {k: str(v) for k, v in out.items()},
-                                              "lrs": best, "parallel": s.parallel,
-                                              "threads": s.threads})
-        return out
-
 
 @holds_writer_lock("stage_dir")
 def run_study(suite: RGCSuite, prepared_dir: str | Path,
@@ -234,20 +181,19 @@ def run_study(suite: RGCSuite, prepared_dir: str | Path,
     run directory by its path below ``runs/``. With ``restore_from`` (a published study's stage
     folder) the runs not finished here are put back from it, none trained: sound where the
     current code trains them bit-identically on this CPU model (docs/rgc.md)."""
-    assert suite.scaling is not None
+    s = suite.scaling
+    assert s is not None
     Path(stage_dir).mkdir(parents=True, exist_ok=True)
-    return Study(suite.scaling, suite.config, suite.corpora[0], prepared_dir, stage_dir,
-                 restore_from).run()
+    wing = RGCStudy(s, suite.config, suite.corpora[0], prepared_dir, stage_dir, restore_from)
+    # the sweep's order and the plan's notes as the published studies have them
+    return LengthStudy(s, wing, stage_dir, sweep_order="by_run",
+                       plan_notes={"parallel": s.parallel, "threads": s.threads}).run()
 
 
 def scaling_stage(suite: RGCSuite, prepared_dir: str | Path,
                   stage_dir: str | Path = "results/rgc_scaling") -> dict[str, Path]:
     """The ``train_rgc_scaling`` stage: the study of ``suite.scaling`` (run or resumed), or, in
     a profile without one, a plan saying so (the stage's outputs always exist)."""
-    stage_dir = Path(stage_dir)
-    stage_dir.mkdir(parents=True, exist_ok=True)
     if suite.scaling is None:
-        atomic_write_json(stage_dir / PLAN, {"runs": {}, "lrs": {},
-                                             "note": "no training-length study in this profile"})
-        return {}
+        return no_study(stage_dir)
     return run_study(suite, prepared_dir, stage_dir)

@@ -18,7 +18,12 @@ seeds, clipping, weight-decay groups, schedules) at several training lengths and
   coordinates updated, a longer sparsity warm-up, ...) with ``ablation_seeds``; each varies one
   run of ``runs``, never the default.
 
-Run directories: ``<stage>/sweep/<size>/L<steps>/<run>@lr<lr>/``,
+The order, the sweep and its edge check are the shared engine's
+(:mod:`lmrepro.pipeline.study_engine`); :class:`ScapeStudy` supplies SCAPE's runs, their
+settings and directories, each point trained as one distributed suite per seed, and the
+ablations.
+
+Run directories: ``<stage>/sweep/<size>/L<steps>/seed<N>/<run>@lr<lr>/``,
 ``<stage>/runs/<size>/L<steps>/seed<N>/<run>/`` and
 ``<stage>/ablations/<ablation>/<size>/L<steps>/seed<N>/<ablation>/``; each point directory
 stores its identity (:func:`lmrepro.rundirs.prepare_runs_dir`), so a changed setting never
@@ -29,8 +34,8 @@ reuses a run and an interrupted study resumes where it stopped. The analysis is
 from __future__ import annotations
 
 import logging
-import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +45,15 @@ from lmrepro.data.stage import data_identity
 from lmrepro.evaluation import decay_start
 from lmrepro.io import atomic_write_json, read_json
 from lmrepro.model import ModelConfig
+from lmrepro.pipeline.study_engine import LengthStudy, Point, RunDirs, no_study
 from lmrepro.runlock import holds_writer_lock
-from lmrepro.results import SUMMARY, read_summary
+from lmrepro.results import SUMMARY
 from lmrepro.rundirs import prepare_runs_dir, seed_dir
 from lmrepro.scape.config import (ScalingAblation, ScalingStudy, ScapeConfig, ScapeRun,
                                   ScapeSuite)
 from lmrepro.scape.launch import run_scape_suite
-from lmrepro.sweep import beyond_edge, edge_row, on_edge, select_best
 
 log = logging.getLogger(__name__)
-
-PLAN = "plan.json"
 
 
 def scaled_settings(base: ScapeConfig, steps: int, warmup_fraction: float,
@@ -115,13 +118,9 @@ def reuse_run(src: Path, dst: Path, name: str) -> None:
     atomic_write_json(dst / SUMMARY, summary)
 
 
-def _finished(d: Path) -> dict[str, Any]:
-    s = read_summary(d)
-    return {"final_bpb": s.final_bpb, "diverged_at_step": s.diverged_at_step}
-
-
-class Study:
-    """Runs the study under ``stage_dir`` (see the module docstring)."""
+class ScapeStudy:
+    """What SCAPE supplies to the study engine (:class:`lmrepro.pipeline.study_engine.StudyWing`):
+    its runs by size, and each point trained as one distributed suite per seed."""
 
     def __init__(self, study: ScalingStudy, base: ScapeConfig, corpus: str, world_size: int,
                  prepared_dir: str | Path, stage_dir: str | Path) -> None:
@@ -135,56 +134,64 @@ class Study:
         return scaled_settings(self.base, steps, s.warmup_fraction, s.sparsity_warmup_fraction,
                                s.curve_points)
 
+    def runs(self, size: str) -> list[ScapeRun]:
+        return list(self.study.runs[size])
+
+    def name(self, run: ScapeRun) -> str:
+        return run.run_name
+
+    def lr(self, run: ScapeRun) -> float:
+        return run.lr_or(self.base.lr)
+
+    def at_lr(self, run: ScapeRun, lr: float) -> ScapeRun:
+        return run.replace(lr=lr)
+
+    def variant(self, run: ScapeRun, lr: float) -> ScapeRun:
+        return run.replace(name=f"{run.run_name}@lr{lr:.3g}", lr=lr)
+
+    def train(self, points: Sequence[Point[ScapeRun]]) -> list[RunDirs]:
+        return [self._point(p.kind, p.size, p.steps, p.runs, self.settings(p.steps), p.seeds)
+                for p in points]
+
+    def extras(self, verdict_runs: list[ScapeRun]) -> dict[str, Path]:
+        """The ablations at the verdict point, each varying one run of ``verdict_runs``."""
+        s = self.study
+        out: dict[str, Path] = {}
+        for ab in s.ablations:
+            settings = ablation_settings(self.settings(s.verdict_steps), ab)
+            kind = f"ablations/{ab.name}"
+            dirs = self._point(kind, s.verdict_size, s.verdict_steps,
+                               [ablation_run(verdict_runs, ab)], settings, s.ablation_seeds,
+                               {"ablation": ab.to_dict()})
+            out.update({f"ablation/{d.relative_to(self.stage / kind)}": d
+                        for d in dirs.values()})
+        return out
+
     def _point(self, kind: str, size: str, steps: int, runs: list[ScapeRun],
                settings: ScapeConfig, seeds: list[int], extra: dict[str, Any] | None = None
-               ) -> dict[str, Path]:
+               ) -> RunDirs:
         model = self.study.sizes[size]
         root = prepare_runs_dir(self.stage / kind / size / f"L{steps}",
                                 self._identity(size, runs, settings, extra))
-        out: dict[str, Path] = {}
+        if kind == "runs" and self.study.reuse_sweep_seed and \
+                (size, steps) == (self.study.verdict_size, self.study.verdict_steps):
+            self._reuse_winners(root, runs)
+        out: RunDirs = {}
         for seed in seeds:
             dirs = run_scape_suite(self.corpus_dir, root / seed_dir(seed), settings, runs, model,
                                    self.world, seed=seed, corpus=self.corpus)
-            out.update({f"{size}/L{steps}/{seed_dir(seed)}/{d.name}": d for d in dirs})
+            out.update({(run.run_name, seed): d for run, d in zip(runs, dirs)})
         return out
 
-    def sweep(self) -> dict[str, float]:
-        """The verdict point's lr sweep (one seed, validation split); the winners by run."""
-        s = self.study
-        runs = [r for r in s.runs[s.verdict_size]
-                if not s.sweep_runs or r.run_name in s.sweep_runs]
-        if not s.sweep_factors:
-            return {}
-        steps = s.verdict_steps
-        # the centre of the grid first, then outwards: an interrupted sweep has its best guess
-        grid = [r.replace(name=f"{r.run_name}@lr{r.lr_or(self.base.lr) * f:.3g}",
-                          lr=float(f"{r.lr_or(self.base.lr) * f:.3g}"))
-                for f in sorted(s.sweep_factors, key=lambda f: (abs(math.log(f)), f))
-                for r in runs]
-        dirs = self._point("sweep", s.verdict_size, steps, grid, self.settings(steps),
-                           [s.sweep_seed])
-        where = f"{s.verdict_size}/L{steps}/{seed_dir(s.sweep_seed)}"
-        rows = [{"run": at.run_name.split("@")[0], "lr": at.lr,
-                 **_finished(dirs[f"{where}/{at.run_name}"])} for at in grid]
-        best = select_best(rows)
-        atomic_write_json(self.stage / "sweep" / "sweep.json", {
-            "size": s.verdict_size, "steps": steps, "seed": s.sweep_seed,
-            "factors": s.sweep_factors, "rows": rows, "best": best,
-            "on_edge": on_edge(rows, best)})
-        return best
-
-    def reuse_winners(self, best: dict[str, float]) -> None:
+    def _reuse_winners(self, root: Path, runs: list[ScapeRun]) -> None:
         """With ``reuse_sweep_seed``: each sweep winner's finished run becomes the verdict
         point's run of the sweep's seed (the same settings, seed and lr: the same training;
         only its name differs), so that seed is not trained twice."""
         s = self.study
-        size, steps = s.verdict_size, s.verdict_steps
-        runs = self.runs_of(size, best)
-        root = prepare_runs_dir(self.stage / "runs" / size / f"L{steps}", self._identity(
-            size, runs, self.settings(steps)))
-        src_root = self.stage / "sweep" / size / f"L{steps}" / seed_dir(s.sweep_seed)
+        src_root = self.stage / "sweep" / s.verdict_size / f"L{s.verdict_steps}" / \
+            seed_dir(s.sweep_seed)
         for run in runs:
-            src = src_root / f"{run.run_name}@lr{run.lr_or(self.base.lr):.3g}"
+            src = src_root / self.variant(run, self.lr(run)).run_name
             dst = root / seed_dir(s.sweep_seed) / run.run_name
             if (src / SUMMARY).exists() and not (dst / SUMMARY).exists():
                 reuse_run(src, dst, run.run_name)
@@ -198,73 +205,6 @@ class Study:
                          for r in runs], "world_size": self.world,
                 "corpus": self.corpus, "data": self.data, **(extra or {})}
 
-    def runs_of(self, size: str, best: dict[str, float]) -> list[ScapeRun]:
-        runs = self.study.runs[size]
-        if size != self.study.verdict_size:
-            return list(runs)
-        return [r.replace(lr=best[r.run_name]) if r.run_name in best else r for r in runs]
-
-    def run(self) -> dict[str, Path]:
-        """The sweep, the verdict point, the other points, then the ablations (the order in
-        which their results matter, so an interrupted study has the verdict first)."""
-        s = self.study
-        best = self.sweep()
-        out: dict[str, Path] = {}
-        vsize, vsteps = s.verdict_size, s.verdict_steps
-        seeds_v = sorted(set(s.seeds[vsize]) | set(s.verdict_seeds))
-        if s.reuse_sweep_seed:
-            self.reuse_winners(best)
-        out.update(self._point("runs", vsize, vsteps, self.runs_of(vsize, best),
-                               self.settings(vsteps), seeds_v))
-        for size, lengths in s.lengths.items():
-            for steps in lengths:
-                if (size, steps) != (vsize, vsteps):
-                    out.update(self._point("runs", size, steps, self.runs_of(size, best),
-                                           self.settings(steps), s.seeds[size]))
-        runs_v = self.runs_of(vsize, best)
-        for ab in s.ablations:
-            settings = ablation_settings(self.settings(vsteps), ab)
-            out.update({f"ablation/{k}": v for k, v in self._point(
-                f"ablations/{ab.name}", vsize, vsteps, [ablation_run(runs_v, ab)], settings,
-                s.ablation_seeds, {"ablation": ab.to_dict()}).items()})
-        if s.edge_check:
-            self.edge_check()
-        atomic_write_json(self.stage / PLAN, {"runs": {k: str(v) for k, v in out.items()},
-                                              "lrs": best})
-        return out
-
-    def edge_check(self) -> dict[str, Any] | None:
-        """After everything else: each sweep winner on the grid's edge trained once more one
-        grid step beyond it (the sweep's seed and length), to say whether the tuned lr is the
-        optimum or the grid cut it off. The study's runs keep the grid's winners; the check is
-        reported (``sweep/edge_check.json``), not applied."""
-        path = self.stage / "sweep" / "sweep.json"
-        if not path.exists():
-            return None
-        table = read_json(path)
-        s, steps = self.study, table["steps"]
-        by_run = {r.run_name: r for r in s.runs[s.verdict_size]}
-        beyond = []
-        for name in table["on_edge"]:
-            lr = beyond_edge(table["rows"], table["best"], name)
-            beyond.append(by_run[name].replace(name=f"{name}@lr{lr:.3g}", lr=lr))
-        rows = []
-        if beyond:
-            dirs = self._point("sweep-edge", s.verdict_size, steps, beyond,
-                               self.settings(steps), [s.sweep_seed])
-            where = f"{s.verdict_size}/L{steps}/{seed_dir(s.sweep_seed)}"
-            for at in beyond:
-                got = _finished(dirs[f"{where}/{at.run_name}"])
-                rows.append(edge_row(table["rows"], table["best"], at.run_name.split("@")[0],
-                                     at.lr, got["final_bpb"], got["diverged_at_step"]))
-        out = {"size": table["size"], "steps": steps, "seed": table["seed"], "rows": rows}
-        atomic_write_json(self.stage / "sweep" / "edge_check.json", out)
-        return out
-
-
-def finished(d: Path) -> bool:
-    return (d / SUMMARY).exists()
-
 
 @holds_writer_lock("stage_dir")
 def run_study(suite: ScapeSuite, model: ModelConfig, prepared_dir: str | Path,
@@ -273,18 +213,16 @@ def run_study(suite: ScapeSuite, model: ModelConfig, prepared_dir: str | Path,
     returns every finished run directory by label. ``model`` is unused (each size is its own)."""
     assert suite.scaling is not None
     Path(stage_dir).mkdir(parents=True, exist_ok=True)
-    return Study(suite.scaling, suite.settings, suite.corpus, suite.world_size, prepared_dir,
-                 stage_dir).run()
+    wing = ScapeStudy(suite.scaling, suite.settings, suite.corpus, suite.world_size,
+                      prepared_dir, stage_dir)
+    return LengthStudy(suite.scaling, wing, stage_dir,
+                       sweep_runs=suite.scaling.sweep_runs).run()
 
 
 def scaling_stage(suite: ScapeSuite, prepared_dir: str | Path,
                   stage_dir: str | Path = "results/scaling") -> dict[str, Path]:
     """The ``train_scaling`` stage: the study of ``suite.scaling`` (run or resumed), or, in a
     profile without one, a plan saying so (the stage's outputs always exist)."""
-    stage_dir = Path(stage_dir)
-    stage_dir.mkdir(parents=True, exist_ok=True)
     if suite.scaling is None:
-        atomic_write_json(stage_dir / PLAN, {"runs": {}, "lrs": {},
-                                             "note": "no training-length study in this profile"})
-        return {}
+        return no_study(stage_dir)
     return run_study(suite, ModelConfig(), prepared_dir, stage_dir)
