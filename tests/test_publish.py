@@ -112,6 +112,23 @@ def test_publish_copies_the_small_products_and_writes_the_results_section(
     assert P.publish(root) == dest and not list(dest.parent.glob(".reference*"))
 
 
+@pytest.mark.parametrize("kind", P.RUN_FOLDERS)
+def test_every_file_a_run_is_read_from_is_published(tmp_path: Path, kind: str) -> None:
+    """A run folder of any kind (a suite's runs, a study's sweep, edge check or ablations)
+    publishes what load_run reads and its folder's identity; never checkpoints or weights."""
+    run = tmp_path / "results/scaling" / kind / "2x64/L300/seed0/scape90"
+    names = ("summary.json", "eval_losses.json", "eval_losses_test.json")
+    for name in names:
+        atomic_write_json(run / name, {"losses": [1.0]})
+    atomic_write_json(tmp_path / "results/scaling" / kind / "2x64/L300" / IDENTITY, {"a": 1})
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints/rank0.pt").write_bytes(b"w")
+    (run / "model_final.pt").write_bytes(b"w")
+    got = {str(p) for p in P.published_files(tmp_path)}
+    rel = run.relative_to(tmp_path)
+    assert {str(rel / n) for n in names} | {str(rel.parents[1] / IDENTITY)} == got
+
+
 def test_a_published_run_put_back_is_reused_not_set_aside(tmp_path: Path) -> None:
     """The runs folders' identities travel with a publication: copied back under a fresh
     project's results/, the runs are kept by the same identity (nothing retrains)."""

@@ -39,6 +39,8 @@ from lmrepro.rundirs import set_aside
 REFERENCE = "reference"
 MAX_FILE_BYTES = 8 << 20
 MANIFEST = "MANIFEST.json"
+#: the folders of a stage that hold run directories (a suite's or a study's)
+RUN_FOLDERS = ("runs", "sweep", "sweep-edge", "ablations")
 #: what is published, as glob patterns relative to the project root
 PATTERNS = (
     "results/params.json",
@@ -46,16 +48,14 @@ PATTERNS = (
     "results/analysis/*.json", "results/analysis/*.csv", "results/analysis/*.png",
     "results/analysis/*/*.json", "results/analysis/*/*.csv", "results/analysis/*/*.png",
     "results/analysis/*/readme_section.md",
-    "results/*/runs/**/summary.json", "results/*/runs/**/eval_losses.json",
-    "results/*/runs/**/eval_losses_test.json", "results/*/sweep/**/summary.json",
-    "results/*/sweep/sweep.json", "results/*/sweep/edge_check.json",
-    "results/*/sweep-edge/**/summary.json", "results/*/plan.json",
-    "results/*/ablations/**/summary.json",
-    "results/*/ablations/**/eval_losses_test.json",
+    # every run folder's summary and per-batch losses (what lmrepro.pipeline.runs.load_run
+    # reads), so the analyses can be run again from a publication
+    *(f"results/*/{kind}/**/{name}" for kind in RUN_FOLDERS
+      for name in ("summary.json", "eval_losses.json", "eval_losses_test.json")),
+    "results/*/sweep/sweep.json", "results/*/sweep/edge_check.json", "results/*/plan.json",
     # each runs folder's identity: a published run put back under results/ is then resumed
     # and reused as it is (lmrepro.rundirs.prepare_runs_dir), not set aside and retrained
-    "results/*/runs/**/identity.json", "results/*/sweep/**/identity.json",
-    "results/*/sweep-edge/**/identity.json", "results/*/ablations/**/identity.json",
+    *(f"results/*/{kind}/**/identity.json" for kind in RUN_FOLDERS),
     "results/steptime/*.json", "results/steptime/*.csv", "results/steptime/*.png",
     "reports/*.html", "reports/provenance.json",
     "metrics/*/*.json", "dvc.lock",
