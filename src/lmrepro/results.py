@@ -187,10 +187,15 @@ def _facts_into_details(data: dict[str, Any], fields: set[str]) -> dict[str, Any
             "details": {**facts, **(details or {})}}
 
 
+#: settings renamed since runs were first recorded: old name -> current name
+RENAMED_SETTINGS = {"threads_per_worker": "threads", "worker_timeout_s": "timeout_s"}
+
+
 def run_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The ``settings`` part of a run's ``config`` (``{model, settings[, run]}``; RGC runs written
-    before that layout kept their configuration flat: the whole)."""
-    return config.get("settings", config)
+    before that layout kept their configuration flat: the whole), every setting under its current
+    name (:data:`RENAMED_SETTINGS`: a record keeps the names of its day)."""
+    return {RENAMED_SETTINGS.get(k, k): v for k, v in config.get("settings", config).items()}
 
 
 def step_time_std(records: list[dict]) -> float | None:

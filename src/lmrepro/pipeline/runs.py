@@ -103,8 +103,6 @@ NOT_TIMING = frozenset({
     "name", "seed", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2", "eps",
     "lr_schedule", "decay_fraction", "checkpoint_every", "eval_every", "eval_batch_size",
     "eval_batches", "log_every", "timeout_s"})
-#: settings renamed since runs were first recorded: old name -> current name
-RENAMED_SETTINGS = {"threads_per_worker": "threads", "worker_timeout_s": "timeout_s"}
 
 
 def timing_configuration(summary: RunSummary) -> dict[str, Any]:
@@ -112,7 +110,7 @@ def timing_configuration(summary: RunSummary) -> dict[str, Any]:
     run is (:func:`lmrepro.pipeline.registry.identity_facts`, None where not recorded),
     processes, threads, steps, the model's shape and every setting but those of
     :data:`NOT_TIMING` (the run's own section included; renamed settings under their current
-    name)."""
+    name: :func:`lmrepro.results.run_settings`)."""
     config = summary.config
     flat = "settings" not in config and "model" not in config
     model = config.get("model") or {**FLAT_MODEL_FIXED,
@@ -120,7 +118,6 @@ def timing_configuration(summary: RunSummary) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     for part in (run_settings(config), config.get("run") or {}):
         for key, value in part.items():
-            key = RENAMED_SETTINGS.get(key, key)
             if key not in NOT_TIMING and key not in ("model", "run", "settings") \
                     and not (flat and key in MODEL_KEYS):
                 settings[key] = value

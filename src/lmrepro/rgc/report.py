@@ -22,9 +22,8 @@ from typing import Any
 import pandas as pd
 
 from lmrepro.errors import check
-from lmrepro.results import read_run
+from lmrepro.results import read_run, run_settings
 from lmrepro.memory_phases import PHASES, TRAINING
-from lmrepro.pipeline.runs import RENAMED_SETTINGS
 from lmrepro.rgc.byte_account import explain_excess
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.details import RGCDetails
@@ -141,9 +140,7 @@ def excess_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
         if executor(s) != "async" or not base or s.get("peak_pss_bytes") is None \
                 or "settings" not in conf:
             continue
-        # a record keeps the setting names of its day: read them under the current names
-        settings = {RENAMED_SETTINGS.get(k, k): v for k, v in conf["settings"].items()}
-        cfg = RGCConfig(**{**settings, "model": conf["model"]})
+        cfg = RGCConfig(**{**run_settings(conf), "model": conf["model"]})
         rss = explain_excess(cfg, dict(s), dict(base[0]), "rss")
         pss = explain_excess(cfg, dict(s), dict(base[0]), "pss")
         rows += [{"run": name, "what": a["what"], "RSS (MiB)": a["bytes"] / MIB,
