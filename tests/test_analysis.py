@@ -118,6 +118,19 @@ def test_role_from_method_and_executor(tmp_path: Path) -> None:
     assert run.role == ROLE_SCAPE and run.world_size == 4
 
 
+def test_a_run_without_validation_losses_is_judged_on_its_test_losses_alone(tmp_path: Path) -> None:
+    """A run published without eval_losses.json (its test losses kept) loads with no
+    validation losses; one with neither split's losses is refused by name."""
+    from lmrepro.results import EVAL_LOSSES, write_eval_losses
+    path = make_run(tmp_path, "abl", "adams")
+    (path / EVAL_LOSSES).unlink()
+    with pytest.raises(ParameterError, match="eval_losses.json"):
+        A.load_run("abl", path)
+    write_eval_losses(path, [1.0, 2.0], batch_size=8, context=64, split="test")
+    run = A.load_run("abl", path)
+    assert run.eval_losses == () and run.test_losses == (1.0, 2.0)
+
+
 def test_noninferiority_table_matches_the_test_on_pooled_pairs(tmp_path: Path) -> None:
     runs = {}
     for seed in (0, 1):

@@ -153,11 +153,14 @@ def load_run(name: str, source: RunSource) -> Run:
     path = Path(source)
     check(path.is_dir(), f"runs[{name!r}]", str(path), "must be an existing run directory")
     summary = read_summary(path)
-    # a diverged run may have written no evaluation (RunSummary.diverged_at_step)
-    meta = (read_json(path / EVAL_LOSSES) if (path / EVAL_LOSSES).exists()
-            or summary.diverged_at_step is None else {"losses": []})
     test = (tuple(float(x) for x in read_json(path / EVAL_LOSSES_TEST)["losses"])
             if (path / EVAL_LOSSES_TEST).exists() else ())
+    # a diverged run may have written no evaluation (RunSummary.diverged_at_step); a run
+    # published without its validation losses is judged on its test losses alone (its
+    # eval_losses stay empty, so a validation-split comparison skips it or refuses it by name)
+    check((path / EVAL_LOSSES).exists() or summary.diverged_at_step is not None or bool(test),
+          f"runs[{name!r}]", str(path), f"must hold {EVAL_LOSSES} (or {EVAL_LOSSES_TEST})")
+    meta = (read_json(path / EVAL_LOSSES) if (path / EVAL_LOSSES).exists() else {"losses": []})
     return Run(name=name, path=path, summary=summary,
                role=run_role(summary.method, summary.details, f"{path / SUMMARY}: "),
                eval_losses=tuple(float(x) for x in meta.pop("losses")), eval_meta=meta,
