@@ -144,6 +144,41 @@ def test_a_published_run_put_back_is_reused_not_set_aside(tmp_path: Path) -> Non
     assert list((fresh / "results/rgc").glob("runs.kept-*"))
 
 
+def test_runs_reused_from_an_earlier_publication_keep_where_they_were_trained(
+        tmp_path: Path) -> None:
+    """A run whose summary is unchanged since the publication it replaces keeps that
+    publication's commit and machine (through any number of republications); a retrained run
+    gets this one's. The page and the README's row say so."""
+    root = finished_run(tmp_path / "proj")
+
+    def publish_as(commit: str, cpu: str) -> Path:
+        prov = read_json(root / "reports/provenance.json")
+        prov.update(git={"commit": commit, "dirty": False},
+                    machine={"usable_cores": 2, "cpu_model": cpu})
+        atomic_write_json(root / "reports/provenance.json", prov)
+        write_lock(root)
+        return P.publish(root)
+
+    dest = publish_as("aaa", "Old CPU")
+    assert {o["commit"] for o in G.run_origins(dest).values()} == {"aaa"}
+    assert "machine" not in G.made_text(dest).split("Old CPU")[1]   # no reuse sentence
+    retrained = root / "results/rgc/runs/shakespeare/seed1/backprop/summary.json"
+    atomic_write_json(retrained, {**read_json(retrained), "train_time_s": 99.0})
+    made = G.made_text(publish_as("bbb", "New CPU"))
+    assert "3 of its 4 runs were trained for an earlier publication" in made
+    assert "(commit `aaa` on 2 cores of an Old CPU)" in made
+    dest = publish_as("ccc", "Newest CPU")
+    origins = G.run_origins(dest)
+    assert len(origins) == 4
+    assert origins.pop(str(retrained.relative_to(root))) == {"commit": "bbb",
+                                                             "machine": "2 cores of an New CPU"}
+    assert {o["commit"] for o in origins.values()} == {"aaa"}
+    assert G.cost(dest).endswith("2 cores of an Old CPU (3), 2 cores of an New CPU (1)")
+    made = G.made_text(dest)
+    assert "4 of its 4 runs were trained for an earlier publication" in made
+    assert "commit `aaa` on 2 cores of an Old CPU" in made and "`bbb`" in made
+
+
 def test_publish_records_the_session_in_the_timing_history_once(tmp_path: Path) -> None:
     """The run's async-vs-backprop timings go to published/timing_history.json beside the
     profiles; publishing the same run again replaces its entry instead of adding one."""
@@ -221,6 +256,35 @@ def test_the_readme_lists_every_published_run_with_its_verdicts(tmp_path: Path) 
     assert [r.split("|")[1].strip() for r in rows] == ["`default`", "`reference`"]
     assert f"{len(claims)} claims: " in rows[1]
     assert "(published/reference/README.md)" in rows[1]
+
+
+def test_a_study_whose_verdicts_another_row_shows_points_to_it(tmp_path: Path) -> None:
+    """A study's row whose verdicts all appear, figure for figure, in a later study's row (that
+    adds configurations) points to that row; a row with one figure apart keeps its own."""
+    def study(name: str, candidates: dict[str, float]) -> Path:
+        pub = tmp_path / "published" / name
+        folder = pub / "results/analysis/rgc_scaling"
+        folder.mkdir(parents=True)
+        atomic_write_json(folder / "rgc_scaling.json", {"verdict": {"size": "4x64",
+                                                                     "steps": 3000}})
+        pd.DataFrame([{"size": "4x64", "steps": 3000, "baseline": "backprop", "candidate": c,
+                       "mean": m, "lower": m - 0.01, "upper": m + 0.01, "verdict": "worse",
+                       "testable": True} for c, m in candidates.items()]
+                     ).to_csv(folder / "gaps.csv", index=False)
+        (pub / G.PAGE).write_text("page\n")
+        return pub
+
+    first = study("h2", {"rgc": 0.02, "rgc_H2": 0.023})
+    later = study("h4", {"rgc": 0.02, "rgc_H2": 0.023, "rgc_H4": 0.02})
+    apart = study("other", {"rgc": 0.021, "rgc_H2": 0.023})
+    runs = [first, later, apart]
+    assert G.contained_in(first, runs) == later
+    assert G.contained_in(later, runs) is None and G.contained_in(apart, runs) is None
+    rows = G.verdicts_table(tmp_path / "published").splitlines()
+    (h2,) = [r for r in rows if r.startswith("| `h2`")]
+    assert "every verdict as in `h4`'s row" in h2 and "+2.00 %" not in h2
+    assert all("+2.00 %" in r or "+2.10 %" in r for r in rows if r.startswith(("| `h4`",
+                                                                               "| `other`")))
 
 
 PUBLISHED = sorted(p for p in (ROOT / "published").iterdir() if (p / P.MANIFEST).is_file())

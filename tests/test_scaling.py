@@ -273,6 +273,20 @@ def test_a_tiny_study_runs_resumes_and_is_analysed(tmp_path: Path) -> None:
         assert (tmp_path / "analysis" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_finish_window_counts_runs_that_predate_the_record() -> None:
+    """Runs without a recorded finish time are counted, never dated by their files."""
+    import pandas as pd
+
+    from lmrepro.pipeline.length_study import finish_window
+
+    both = pd.Series(["2026-12-04T10:00Z", None, "2026-12-06T01:01Z", None])
+    assert finish_window(both) == ("finished between 2026-12-04T10:00Z and 2026-12-06T01:01Z "
+                                   "(UTC; 2 trained before runs recorded their finish time)")
+    assert finish_window(both.dropna()).endswith("2026-12-06T01:01Z (UTC)")
+    assert finish_window(pd.Series([None, None])) == ("were trained before runs recorded their "
+                                                      "finish time")
+
+
 def test_publishing_a_study_fills_its_readme_section(tmp_path: Path) -> None:
     from lmrepro.io import atomic_write_json
     from lmrepro.pipeline import sections as S

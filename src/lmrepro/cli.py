@@ -9,7 +9,7 @@
     lmrepro predict  [--model-params N ...] [--json]             # step-time model; predict_cli
     lmrepro authors-logs DIR --out CSV [--provenance JSON]      # Megatron logs; authors_logs
     lmrepro report   [--reports reports]                         # reports/index.html
-    lmrepro publish  [--dest published/<profile>]                # a finished run's products
+    lmrepro publish  [--dest published/<profile>] [--pages-only] # a finished run's products
     lmrepro timing-history published/<profile> ...               # record sessions' timings
 
 Errors are one message, no traceback (docs/reliability.md): bad input (a parameter, the
@@ -90,8 +90,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
+    from lmrepro.pipeline.pages import regenerate
     from lmrepro.pipeline.publish import publish
 
+    if args.pages_only:
+        for path in regenerate("."):
+            print(f"pages: wrote {path}")
+        return 0
     print(publish(".", args.dest, readme=args.readme))
     return 0
 
@@ -137,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "write its page there and the README's verdicts from them")
     p.add_argument("--dest", default=None, help="default: published/<the run's profile>")
     p.add_argument("--readme", default="README.md", help="README whose verdicts to update")
+    p.add_argument("--pages-only", action="store_true",
+                   help="write every published page and the README's verdicts again from "
+                        "published/ (after a change of the code that writes them; nothing is "
+                        "copied, trained or analysed)")
     p.set_defaults(func=_cmd_publish)
 
     p = sub.add_parser("timing-history", help="record published profiles' sessions in the "

@@ -10,7 +10,6 @@ slope, and an extrapolation, where one is asked for, is labelled as such by its 
 
 from __future__ import annotations
 
-import datetime
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,14 +34,23 @@ def find_runs(root: Path) -> dict[str, Path]:
             if "checkpoints" not in p.parts and not set_aside(p.relative_to(root))}
 
 
-def finished_at(run: Run) -> str:
-    """When the run finished (UTC, to the minute): its summary's ``finished_at``; for runs
-    written before summaries carried it, the summary file's time, which a copy or a checkout
-    resets (so such a restored run shows when it was put back)."""
-    if run.summary.finished_at:
-        return f"{run.summary.finished_at[:16]}Z"
-    t = (run.path / SUMMARY).stat().st_mtime
-    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
+def finished_at(run: Run) -> str | None:
+    """When the run finished (UTC, to the minute): its summary's ``finished_at``; None for runs
+    written before summaries carried it (a file's time would say when it was copied, not
+    trained)."""
+    return f"{run.summary.finished_at[:16]}Z" if run.summary.finished_at else None
+
+
+def finish_window(times: pd.Series) -> str:
+    """``finished between <first> and <last> (UTC)`` over the runs' recorded times
+    (:func:`finished_at`), with how many were trained before runs recorded it."""
+    known = times.dropna()
+    unknown = len(times) - len(known)
+    if not len(known):
+        return "were trained before runs recorded their finish time"
+    return (f"finished between {known.min()} and {known.max()} (UTC"
+            + (f"; {unknown} trained before runs recorded their finish time" if unknown else "")
+            + ")")
 
 
 def losses(run: Run) -> list[float]:

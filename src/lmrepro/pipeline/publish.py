@@ -30,6 +30,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from lmrepro.errors import ParameterError, check
 from lmrepro.io import atomic_write_json, read_json, sha256_file
@@ -107,13 +108,14 @@ def publish(root: str | os.PathLike = ".", dest: str | os.PathLike | None = None
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(root / rel, tmp / rel)
         prov = read_json(root / "reports/provenance.json")
+        checksums = {str(rel): {"sha256": sha256_file(tmp / rel),
+                                "bytes": (tmp / rel).stat().st_size} for rel in files}
         atomic_write_json(tmp / MANIFEST, {
             "format": "lmrepro.published/1", "profile": profile,
             "published_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "commit": (prov.get("git") or {}).get("commit"),
-            "dirty": (prov.get("git") or {}).get("dirty"),
-            "files": {str(rel): {"sha256": sha256_file(tmp / rel),
-                                 "bytes": (tmp / rel).stat().st_size} for rel in files}})
+            "dirty": (prov.get("git") or {}).get("dirty"), "files": checksums,
+            "run_origins": run_origins(checksums, prov, dest)})
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)   # mkdtemp makes 0700; the copy follows the umask
@@ -144,6 +146,28 @@ def publish(root: str | os.PathLike = ".", dest: str | os.PathLike | None = None
         elif profile != REFERENCE:
             update_profile_section(readme_path, dest, profile, link_base)
     return dest
+
+
+def run_origins(checksums: dict[str, dict[str, Any]], prov: dict[str, Any], dest: Path
+                ) -> dict[str, dict[str, str]]:
+    """Where each run summary in ``checksums`` was trained: one byte-identical to the summary
+    the publication at ``dest`` held keeps that publication's origin (the stage reused the run);
+    every other is this run's (``prov``: its provenance). ``{path: {"commit", "machine"}}``."""
+    from lmrepro.pipeline.pages import machine_text
+    from lmrepro.results import SUMMARY
+
+    def origin(provenance: dict[str, Any]) -> dict[str, str]:
+        return {"commit": str((provenance.get("git") or {}).get("commit")),
+                "machine": machine_text(provenance.get("machine"))}
+
+    here = origin(prov)
+    old = read_json(dest / MANIFEST) if (dest / MANIFEST).is_file() else {}
+    old_files, old_origins = old.get("files") or {}, old.get("run_origins") or {}
+    before = origin(read_json(dest / "reports/provenance.json")
+                    if (dest / "reports/provenance.json").is_file() else {"git": old})
+    return {rel: (old_origins.get(rel, before)
+                  if (old_files.get(rel) or {}).get("sha256") == c["sha256"] else here)
+            for rel, c in checksums.items() if Path(rel).name == SUMMARY}
 
 
 def check_lock(root: str | os.PathLike) -> None:

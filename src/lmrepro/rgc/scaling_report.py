@@ -25,8 +25,8 @@ import pandas as pd
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline import length_plots
 from lmrepro.pipeline.analysis import analysis_records, load_run, run_comparisons
-from lmrepro.pipeline.length_study import (LOG2, find_runs, finished_at, losses, paired_test,
-                                           read_if_there, records, shown, trend)
+from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finished_at, losses,
+                                           paired_test, read_if_there, records, shown, trend)
 from lmrepro.results import run_settings
 from lmrepro.rgc.details import RGCDetails
 from lmrepro.stats import StatsConfig
@@ -306,8 +306,7 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
              "t bounds on the per-seed mean relative differences; margin 1 %). Verdict point: "
              f"{verdict[0]} at {verdict[1]} steps.", ""]
     if len(runs):
-        lines += [f"The study's {len(runs)} runs finished between {runs.finished_at.min()} and "
-                  f"{runs.finished_at.max()} (UTC).", ""]
+        lines += [f"The study's {len(runs)} runs {finish_window(runs.finished_at)}.", ""]
     if len(gaps):
         lines += ["| size | steps | run | seeds | backprop test bits/byte | run test bits/byte | "
                   "mean gap | [L, U] | verdict | testable |", "|---" * 10 + "|"]

@@ -23,8 +23,8 @@ import pandas as pd
 
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline.analysis import Run, analysis_records, load_run, run_comparisons
-from lmrepro.pipeline.length_study import (LOG2, finished_at, find_runs, paired_test,
-                                           read_if_there, shown, trend)
+from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finished_at,
+                                           paired_test, read_if_there, shown, trend)
 from lmrepro.pipeline.length_study import losses as _losses
 from lmrepro.pipeline.length_study import records as table_records
 from lmrepro.scape import mechanism
@@ -344,8 +344,8 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                       for r in edge.itertuples()) + ".", ""]
     runs = tables["runs"]
     if "finished_at" in runs and len(runs):
-        lines += [f"The study's {len(runs)} runs (points and ablations) finished between "
-                  f"{runs.finished_at.min()} and {runs.finished_at.max()} (UTC); the stage keeps "
+        lines += [f"The study's {len(runs)} runs (points and ablations) "
+                  f"{finish_window(runs.finished_at)}; the stage keeps "
                   "a finished run whose settings, model and data are unchanged.", ""]
     lines += summary_sentences(tables, verdict)
     rows = ["| size | steps | candidate | vs | seeds | dense bits/byte (test) | mean gap | "
