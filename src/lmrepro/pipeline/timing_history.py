@@ -213,11 +213,25 @@ def _replaces(new: HistoryEntry, old: HistoryEntry) -> bool:
             and _same_ratios(old.candidate_tokens_per_s, new.candidate_tokens_per_s))
 
 
+def _timed_when(new: HistoryEntry, history: TimingHistory) -> HistoryEntry:
+    """``new`` with the commit, date and machine of the session that timed its runs: an entry of
+    ``history`` holding the same runs and tokens/s (a republication that reused the runs timed
+    nothing); ``new`` itself otherwise."""
+    for old in history.entries:
+        if same_runs(old, new.suite, new.seeds, new.throughput_ratios) \
+                and _same_ratios(old.candidate_tokens_per_s, new.candidate_tokens_per_s):
+            return new.model_copy(update={"commit": old.commit, "dirty": old.dirty,
+                                          "date": old.date, "machine": old.machine})
+    return new
+
+
 def merged(history: TimingHistory, new: TimingHistory) -> TimingHistory:
     """``history`` with ``new``'s entries, each replacing the entries of its session
-    (:func:`_replaces`): idempotent; entries ordered by date, suites kept while used (pure)."""
-    kept = [e for e in history.entries if not any(_replaces(n, e) for n in new.entries)]
-    entries = sorted([*kept, *new.entries], key=lambda e: (e.date or "", e.profile, e.label))
+    (:func:`_replaces`) and dated as the session that timed its runs (:func:`_timed_when`):
+    idempotent; entries ordered by date, suites kept while used (pure)."""
+    fresh = [_timed_when(n, history) for n in new.entries]
+    kept = [e for e in history.entries if not any(_replaces(n, e) for n in fresh)]
+    entries = sorted([*kept, *fresh], key=lambda e: (e.date or "", e.profile, e.label))
     used = {e.suite for e in entries}
     suites = {k: v for k, v in sorted({**history.suites, **new.suites}.items()) if k in used}
     return TimingHistory(suites=suites, entries=entries)
