@@ -312,17 +312,10 @@ def test_each_published_page_and_headline_is_what_its_files_give(published: Path
                 assert got == {k: v for k, v in item.items() if v is not None}
 
 
-#: published before publication copied locks; each leaves this list when it is republished
-WITHOUT_LOCK = {"scaling"}
-
-
 @pytest.mark.parametrize("published", PUBLISHED, ids=[p.name for p in PUBLISHED])
 def test_every_published_pipeline_run_carries_its_own_lock(published: Path) -> None:
     """A run made by ``dvc repro`` carries its ``dvc.lock``, the one whose hashes its index and
-    parameters have; a run listed as lacking one really lacks it (the list stays current)."""
-    if published.name in WITHOUT_LOCK:
-        assert not (published / "dvc.lock").exists(), f"{published.name} has a lock now"
-        return
+    parameters have."""
     P.check_lock(published)
 
 
