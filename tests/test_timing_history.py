@@ -177,6 +177,19 @@ def test_only_the_suite_on_the_same_machine_pools_and_this_run_counts_once() -> 
     assert H.pool_records(old, history) == old
 
 
+def test_runs_reused_from_another_machine_pool_with_that_machines_sessions() -> None:
+    """A record of runs the history holds from another machine (reused by a republication
+    analysed here) is placed on the machine that timed them and pooled with its sessions."""
+    history = H.TimingHistory(entries=[
+        entry([0.33, 0.34], machine=INTEL, commit="d"), entry([1.06, 1.07], commit="a")])
+    r = record([0.33, 0.34]).resources[0]                   # analysed on the AMD machine
+    assert r.machine == AMD and H.timed_on(r, history) == INTEL
+    (pooled,) = H.pool_records(record([0.33, 0.34]), history).resources
+    assert pooled.machine == INTEL and pooled.pooled_throughput is not None
+    assert pooled.pooled_throughput.sessions == 1
+    assert H.timed_on(record([1.2, 1.3]).resources[0], history) == AMD   # new runs: here
+
+
 def test_a_record_alone_in_the_history_pools_one_session() -> None:
     p = H.pool_records(record([1.15, 1.16]), H.TimingHistory()).resources[0].pooled_throughput
     assert p is not None and p.basis == "seeds" and p.sessions == 1

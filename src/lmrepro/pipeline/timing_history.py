@@ -148,17 +148,31 @@ def sessions_of(record: ResourceRecord, history: TimingHistory) -> list[list[flo
     return out
 
 
+def timed_on(record: ResourceRecord, history: TimingHistory) -> Machine | None:
+    """The machine that timed ``record``'s runs: that of a history entry holding the same runs
+    (runs reused from an earlier publication were timed there, not on the machine analysing
+    them now), else the record's own (pure)."""
+    for e in history.entries:
+        if (e.candidate_role, e.baseline_role) == (record.candidate_role, record.baseline_role) \
+                and same_runs(e, record.suite or "", record.timing_seeds,
+                              record.throughput_ratios):
+            return e.machine
+    return record.machine
+
+
 def pool_records(records: AnalysisRecords, history: TimingHistory,
                  confidence: float = TIMING_CONFIDENCE) -> AnalysisRecords:
     """``records`` with ``pooled_throughput`` set on each timed pairing's record that knows its
-    suite, machine and per-seed ratios (:func:`sessions_of`, :func:`pool_sessions`); a record
-    written before the history is left as it is (pure)."""
+    suite, machine and per-seed ratios (:func:`sessions_of`, :func:`pool_sessions`), its machine
+    the one that timed its runs (:func:`timed_on`); a record written before the history is left
+    as it is (pure)."""
     timed = set(registry.timed_pairings())
 
     def pooled(r: ResourceRecord) -> ResourceRecord:
         if (r.candidate_role, r.baseline_role) not in timed or r.suite is None \
                 or r.machine is None or not r.throughput_ratios:
             return r
+        r = r.model_copy(update={"machine": timed_on(r, history)})
         return r.model_copy(update={
             "pooled_throughput": pool_sessions(sessions_of(r, history), confidence)})
 
