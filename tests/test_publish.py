@@ -165,8 +165,8 @@ def test_runs_reused_from_an_earlier_publication_keep_where_they_were_trained(
     retrained = root / "results/rgc/runs/shakespeare/seed1/backprop/summary.json"
     atomic_write_json(retrained, {**read_json(retrained), "train_time_s": 99.0})
     made = G.made_text(publish_as("bbb", "New CPU"))
-    assert "3 of its 4 runs were trained for an earlier publication" in made
-    assert "(commit `aaa` on 2 cores of an Old CPU)" in made
+    assert "3 of its 4 runs are reused unchanged from earlier publications" in made
+    assert "(3 first published from commit `aaa` on 2 cores of an Old CPU)" in made
     dest = publish_as("ccc", "Newest CPU")
     origins = G.run_origins(dest)
     assert len(origins) == 4
@@ -175,8 +175,9 @@ def test_runs_reused_from_an_earlier_publication_keep_where_they_were_trained(
     assert {o["commit"] for o in origins.values()} == {"aaa"}
     assert G.cost(dest).endswith("2 cores of an Old CPU (3), 2 cores of an New CPU (1)")
     made = G.made_text(dest)
-    assert "4 of its 4 runs were trained for an earlier publication" in made
-    assert "commit `aaa` on 2 cores of an Old CPU" in made and "`bbb`" in made
+    assert "4 of its 4 runs are reused unchanged from earlier publications" in made
+    assert "3 first published from commit `aaa` on 2 cores of an Old CPU; 1 first published " \
+        "from commit `bbb` on 2 cores of an New CPU" in made
 
 
 def test_publish_records_the_session_in_the_timing_history_once(tmp_path: Path) -> None:

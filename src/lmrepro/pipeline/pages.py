@@ -57,13 +57,13 @@ def made_text(published: Path) -> str:
     text = (f"commit `{commit}`, made {prov.get('generated_at', '?')} on "
             f"{machine_text(prov.get('machine') or {'cpu_count': None})}")
     origins = run_origins(published)
-    earlier = {o["commit"]: o for o in origins.values() if o["commit"] != git.get("commit")}
+    earlier = Counter((o["commit"], o["machine"]) for o in origins.values()
+                      if o["commit"] != git.get("commit"))
     if earlier:
-        kept = sum(o["commit"] != git.get("commit") for o in origins.values())
-        text += (f". {kept} of its {len(origins)} runs were trained for an earlier publication "
-                 "and reused unchanged (" + "; ".join(
-                     f"commit `{str(c)[:12]}` on {o['machine']}" for c, o in earlier.items())
-                 + ")")
+        text += (f". {sum(earlier.values())} of its {len(origins)} runs are reused unchanged from "
+                 "earlier publications, which trained them (" + "; ".join(
+                     f"{n} first published from commit `{str(c)[:12]}` on {m}"
+                     for (c, m), n in earlier.most_common()) + ")")
     return text
 
 
