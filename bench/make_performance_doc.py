@@ -581,7 +581,7 @@ def section_calibration(r: dict | None) -> str:
                 "exist. Run `sudo python bench/bench_scape_netns.py --calibrate` (about 10 min "
                 "on 2 cores, on a quiet machine), then this script.\n")
     sys.path.insert(0, str(REPO / "src"))
-    from lmrepro.scape.steptime_fit import calibrate
+    from lmrepro.scape.steptime.fit import calibrate
 
     cal = calibrate(r)
     parts = [head, f"Machine: {_machine(r['machine'])}. {_load_line(r)}.\n",

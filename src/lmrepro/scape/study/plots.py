@@ -1,4 +1,4 @@
-"""Figures of SCAPE's training-length study (:mod:`lmrepro.scape.scaling_report`)."""
+"""Figures of SCAPE's training-length study (:mod:`lmrepro.scape.study.report`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The SCAPE worker program: one worker of a distributed run, started by ``torchrun``::
 
-    torchrun --standalone --nproc-per-node 2 -m lmrepro.scape.worker --optimizer scape \\
+    torchrun --standalone --nproc-per-node 2 -m lmrepro.scape.train.worker --optimizer scape \\
         --sparsity 0.99 --corpus-dir data/prepared/shakespeare --out results/scape/scape99 \\
         --steps 200 --batch-size 8 --lr 1e-3 --warmup-steps 20 --seed 0 --model-n-layers 4
 
@@ -42,7 +42,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def worker_argv(cfg: ScapeConfig, run: ScapeRun, model: ModelConfig, corpus_dir: str, out: str,
                 seed: int, corpus: str = "") -> list[str]:
-    """The worker's arguments for one run (what :mod:`lmrepro.scape.launch` passes): the run's
+    """The worker's arguments for one run (what :mod:`lmrepro.scape.train.launch` passes): the run's
     own learning rate and dense steps, when it has them, travel as ``--lr`` and
     ``--dense-steps``."""
     cfg = cfg.replace(lr=run.lr_or(cfg.lr), dense_steps=run.dense_steps_or(cfg.dense_steps))
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     die_with_torchrun_agent()      # a worker ends with its agent (docs/reliability.md)
     from lmrepro.distributed import DistributedFailure
-    from lmrepro.scape.trainer import RunTarget, train
+    from lmrepro.scape.train.trainer import RunTarget, train
 
     cfg = from_arguments(ScapeConfig, args)
     run_cfg = from_arguments(ScapeRun, args, exclude=RUN_OWN)   # they came as --lr, ...
@@ -71,12 +71,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def worker_main(argv: list[str] | None = None) -> int:
-    """``python -m lmrepro.scape.worker ARGS``: the worker without the rest of the ``lmrepro``
+    """``python -m lmrepro.scape.train.worker ARGS``: the worker without the rest of the ``lmrepro``
     command (the launcher's entry: a worker loads no other wing), with the same flags, errors
     and exit statuses as ``lmrepro train-scape``."""
     from lmrepro.entry import ArgumentParser, execute
 
-    p = ArgumentParser(prog="python -m lmrepro.scape.worker",
+    p = ArgumentParser(prog="python -m lmrepro.scape.train.worker",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_run_arguments(p)

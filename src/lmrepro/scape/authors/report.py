@@ -2,12 +2,12 @@
 ``steptime`` stage) and the evidence the claims table takes from the logs.
 
 :func:`evidence` computes everything once from the committed table of the SCAPE authors' Vista
-logs (:func:`lmrepro.scape.authors_logs.load_vista_table`): step times per run and density
-phase (:mod:`lmrepro.scape.authors_analysis`), the measured per-step speedup, SCAPE against
+logs (:func:`lmrepro.scape.authors.logs.load_vista_table`): step times per run and density
+phase (:mod:`lmrepro.scape.authors.analysis`), the measured per-step speedup, SCAPE against
 dense lm loss at matched iterations, where the logs stop, and the step-time model fitted to
-them (:mod:`lmrepro.scape.steptime_logs`) with the paper's figures evaluated at the fitted
+them (:mod:`lmrepro.scape.authors.fit`) with the paper's figures evaluated at the fitted
 inputs and at 200 / 400 Gbit/s; the texts the claims table quotes; which claims the logs support.
-:mod:`lmrepro.scape.authors_page` writes the section's tables and figure. Every figure is
+:mod:`lmrepro.scape.authors.page` writes the section's tables and figure. Every figure is
 computed here; none is typed.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 
 import pandas as pd
 
-from lmrepro.scape import authors_analysis as aa
-from lmrepro.scape import authors_logs as al
-from lmrepro.scape import steptime_logs as fit
-from lmrepro.scape import steptime_paper as sp
+from lmrepro.scape.authors import analysis as aa
+from lmrepro.scape.authors import logs as al
+from lmrepro.scape.authors import fit
+from lmrepro.scape.steptime import paper as sp
 
 MODEL = sp.LLAMA_500M
 WORLD = sp.PAPER_WORLD

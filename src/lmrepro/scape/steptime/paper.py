@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lmrepro.scape.steptime import (Cluster, Link, Options, Workload, bandwidth_for_speedup,
-                                    predict, run_wallclock, weak_scaling)
+from lmrepro.scape.steptime.model import (Cluster, Link, Options, Workload, bandwidth_for_speedup,
+                                          predict, run_wallclock, weak_scaling)
 
 #: the paper's figures, as the paper states them (abstract)
 PAPER_STEP_SPEEDUP = 3.26          # per step over dense AdamS, Llama-1.8B, 32 GH200
@@ -155,7 +155,7 @@ def scaling_table(model: PaperModel = LLAMA_500M, gbit: float = INTER_GBIT_RANGE
 
 # ---------------------------------------------------------------------------------------------
 # The claims table's weak-scaling row (lmrepro.scape.claims): the per-step and wall-clock rows
-# take their verdicts from the authors' logs (lmrepro.scape.authors_report)
+# take their verdicts from the authors' logs (lmrepro.scape.authors.report)
 # ---------------------------------------------------------------------------------------------
 def predicted_scaling() -> tuple[str, float, bool | None]:
     """(text, SCAPE's efficiency at 128 GPUs, verdict None): the model has no congestion term,

@@ -1,8 +1,8 @@
 """Launch ``train-scape`` under torchrun from Python (notebooks, tests, the pipeline).
 
 :func:`launch_train_scape` runs ``python -m torch.distributed.run --standalone --nproc-per-node N
--m lmrepro.scape.worker ...`` (the program of ``lmrepro train-scape``; torchrun taken from this
-interpreter so it works inside a virtual environment without ``torchrun`` on ``PATH``) as a
+-m lmrepro.scape.train.worker ...`` (the program of ``lmrepro train-scape``; torchrun taken from
+this interpreter so it works inside a virtual environment without ``torchrun`` on ``PATH``) as a
 subprocess in its own session, logs to ``OUT/launch.log`` and returns the run directory.
 :func:`run_scape_suite` runs a list of runs of the SCAPE comparison (arXiv 2607.01678) on one
 corpus (the ``scape:`` section's suite, or the learning-rate sweep's runs) with the same data,
@@ -27,7 +27,7 @@ from lmrepro.lifetime import guarded_command
 from lmrepro.model import ModelConfig
 from lmrepro.results import SUMMARY
 from lmrepro.scape.config import ScapeConfig, ScapeRun
-from lmrepro.scape.worker import worker_argv
+from lmrepro.scape.train.worker import worker_argv
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,9 @@ class LaunchError(RuntimeError):
     """torchrun exited with a non-zero status; the message carries the log's tail."""
 
 
-# the worker program (lmrepro.scape.worker): the same flags as `lmrepro train-scape`, without
+# the worker program (lmrepro.scape.train.worker): the same flags as `lmrepro train-scape`, without
 # loading the other wings into every worker
-ENTRY = ("-m", "lmrepro.scape.worker")
+ENTRY = ("-m", "lmrepro.scape.train.worker")
 
 
 def torchrun_command(nproc: int, worker_args: Sequence[str], *, nnodes: int = 1,

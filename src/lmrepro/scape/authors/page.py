@@ -1,5 +1,5 @@
 """The page section "What the authors' logs measured" (``notebooks/09_steptime.ipynb``): the
-tables of :func:`lmrepro.scape.authors_report.evidence` and the figure of step time against the
+tables of :func:`lmrepro.scape.authors.report.evidence` and the figure of step time against the
 density sent, written by :func:`authors_stage` to ``results/steptime/`` (:data:`OUTPUTS`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from lmrepro.scape.authors_report import MODEL, WORLD, evidence, support_frame
+from lmrepro.scape.authors.report import MODEL, WORLD, evidence, support_frame
 
 #: the files :func:`authors_stage` writes
 OUTPUTS = ("authors_step_times.csv", "authors_speedups.csv", "authors_loss.csv",
@@ -23,7 +23,7 @@ def plot_step_vs_density(ev: dict[str, Any]):  # -> matplotlib Figure
     import numpy as np
     from matplotlib.figure import Figure
 
-    from lmrepro.scape.steptime import Options, predict
+    from lmrepro.scape.steptime.model import Options, predict
 
     st = ev["step_times"]
     s = st[(st.method == "scape") & (st.world_size == WORLD) & (st.phase != "dense phase")]
@@ -77,7 +77,7 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 def authors_stage(out_dir: str | Path = "results/steptime") -> dict[str, Any]:
     """The section's tables and figure, written to ``out_dir`` (:data:`OUTPUTS`)."""
     from lmrepro.io import atomic_write_json, atomic_write_text
-    from lmrepro.scape.steptime_report import save_png
+    from lmrepro.scape.steptime.report import save_png
 
     ev = evidence()
     out = Path(out_dir)

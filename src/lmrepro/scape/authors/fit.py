@@ -1,5 +1,5 @@
-"""The step-time model (:mod:`lmrepro.scape.steptime`) fitted to the SCAPE authors' own step
-times (their Vista logs, :mod:`lmrepro.scape.authors_logs`).
+"""The step-time model (:mod:`lmrepro.scape.steptime.model`) fitted to the SCAPE authors' own step
+times (their Vista logs, :mod:`lmrepro.scape.authors.logs`).
 
 * **Dense fit.** Dense AdamS on 4 and 32 ranks (one GH200 per node, ring all-reduce of fp32
   gradients, no overlap: the authors' flags) gives two equations linear in ``1 / MFU`` and
@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 
 from lmrepro.errors import check
-from lmrepro.scape import authors_analysis as aa
-from lmrepro.scape import steptime_paper as sp
-from lmrepro.scape.steptime import (Cluster, Link, LocalWork, Options, Workload,
-                                    bandwidth_for_speedup, predict, run_wallclock, scape_step)
+from lmrepro.scape.authors import analysis as aa
+from lmrepro.scape.steptime import paper as sp
+from lmrepro.scape.steptime.model import (Cluster, Link, LocalWork, Options, Workload,
+                                          bandwidth_for_speedup, predict, run_wallclock, scape_step)
 
 PEAK_FLOPS = 989e12
 HBM = 4e12

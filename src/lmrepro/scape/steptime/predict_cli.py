@@ -1,4 +1,5 @@
-"""``lmrepro predict``: the step-time model (:mod:`lmrepro.scape.steptime`) from the command line.
+"""``lmrepro predict``: the step-time model (:mod:`lmrepro.scape.steptime.model`) from the
+command line.
 
     lmrepro predict --paper-model Llama-500M --compute-s 0.93 --allreduce-busbw-gbyte 3.4 \\
         --sparsity 0.9 --steps-multiplier 1.1:1.3 --json
@@ -168,8 +169,8 @@ def scenarios(args: argparse.Namespace) -> tuple[dict[str, float | None],
 
 
 def _workload(args: argparse.Namespace, values: dict[str, float | None]):
-    from lmrepro.scape import steptime_paper as sp
-    from lmrepro.scape.steptime import Workload
+    from lmrepro.scape.steptime import paper as sp
+    from lmrepro.scape.steptime.model import Workload
 
     if args.model_params is None:      # the paper model: its shape, batch and FLOPs per token
         base = next(m for m in sp.MODELS if m.name == args.paper_model).workload()
@@ -188,7 +189,7 @@ def _workload(args: argparse.Namespace, values: dict[str, float | None]):
 
 
 def _cluster(args: argparse.Namespace, values: dict[str, float | None]):
-    from lmrepro.scape.steptime import Cluster, Link
+    from lmrepro.scape.steptime.model import Cluster, Link
 
     if values["allreduce-busbw-gbyte"] is not None:   # measured per node: split over the NICs
         link = values["allreduce-busbw-gbyte"] * 1e9 / args.nics_per_node
@@ -205,7 +206,7 @@ def _cluster(args: argparse.Namespace, values: dict[str, float | None]):
 
 
 def _evaluate(args: argparse.Namespace, values: dict[str, float | None]) -> dict[str, Any]:
-    from lmrepro.scape.steptime import LocalWork, Options, predict
+    from lmrepro.scape.steptime.model import LocalWork, Options, predict
 
     opts = Options(sparsity=args.sparsity, payload_dtype=args.payload_dtype,
                    dense_grad_dtype=args.dense_grad_dtype,
@@ -221,7 +222,7 @@ def _evaluate(args: argparse.Namespace, values: dict[str, float | None]) -> dict
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """The prediction at the central inputs with its interval over the corners, the
     break-even rate and, with a steps multiplier, the time-to-same-loss ratio."""
-    from lmrepro.scape.steptime import bandwidth_for_speedup
+    from lmrepro.scape.steptime.model import bandwidth_for_speedup
 
     central, corners = scenarios(args)
     mid = _evaluate(args, central)

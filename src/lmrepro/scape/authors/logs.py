@@ -124,9 +124,9 @@ def settings_from_path(path: str) -> dict[str, Any]:
 
 
 def model_name(layers: int | None, hidden: int | None, path: str) -> str:
-    """The paper model with ``layers`` x ``hidden`` (:data:`lmrepro.scape.steptime_paper.MODELS`),
+    """The paper model with ``layers`` x ``hidden`` (:data:`lmrepro.scape.steptime.paper.MODELS`),
     else the one whose size the path names (``500M``), else ``""``."""
-    from lmrepro.scape.steptime_paper import MODELS
+    from lmrepro.scape.steptime.paper import MODELS
 
     for m in MODELS:
         if (m.layers, m.hidden) == (layers, hidden):

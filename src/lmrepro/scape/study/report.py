@@ -1,4 +1,4 @@
-"""The analysis of SCAPE's training-length study (:mod:`lmrepro.scape.scaling`).
+"""The analysis of SCAPE's training-length study (:mod:`lmrepro.scape.study.scaling`).
 
 Every quality figure here is judged on the **test** split (the lr sweep chose on the validation
 split) with the seed as the unit (:func:`lmrepro.stats.noninferiority`: a one-sided t interval on
@@ -27,7 +27,7 @@ from lmrepro.pipeline.length_study import (LOG2, finished_at, find_runs, paired_
                                            read_if_there, shown, trend)
 from lmrepro.pipeline.length_study import losses as _losses
 from lmrepro.pipeline.length_study import records as table_records
-from lmrepro.scape import mechanism
+from lmrepro.scape.study import mechanism
 from lmrepro.scape.details import ScapeDetails
 from lmrepro.stats import StatsConfig
 
@@ -182,7 +182,7 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfi
                     ) -> Any:
     """The verdict point as :class:`~lmrepro.pipeline.records.AnalysisRecords` (stage
     ``scaling``), what the claims stage reads: the methods as the paper runs them, not the
-    variants in ``leave_out`` (:func:`lmrepro.scape.mechanism.variants`)."""
+    variants in ``leave_out`` (:func:`lmrepro.scape.study.mechanism.variants`)."""
     point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)
                  & ~runs.run.isin(list(leave_out))]
     named = {f"{size}/L{steps}/seed{r.seed}/{r.run}": r.path for r in point.itertuples()}
@@ -197,7 +197,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
                    ) -> dict[str, Any]:
     """Every table of the study as CSV under ``out_dir``, ``analysis.json`` (the verdict point's
     records) and ``scaling.json`` (tables as records); returns the tables."""
-    from lmrepro.scape import horizon, scaling_plots
+    from lmrepro.scape.study import horizon, plots
 
     out_dir = Path(out_dir)
     runs = study_runs(stage_dir)
@@ -231,27 +231,27 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
         "verdict": {"size": verdict[0], "steps": verdict[1]}, "floor": floor,
         "sweep": sweep, **{k: table_records(v) for k, v in tables.items()}})
     atomic_write_text(out_dir / README_SECTION, readme_markdown(tables, sweep, verdict, floor))
-    figures = scaling_plots.figures(runs, gaps, floor, verdict)
+    figures = plots.figures(runs, gaps, floor, verdict)
     curves = horizon.point_curves(runs).get(verdict)
     if curves:
         figures["stable_curves"] = horizon.curves_figure(
-            curves, floor, scaling_plots.COLOURS, f"Test loss along each run, {verdict[0]}, "
+            curves, floor, plots.COLOURS, f"Test loss along each run, {verdict[0]}, "
             f"{verdict[1]} steps (one line per seed)")
     if len(tables["multiplier"]):
         figures["multiplier"] = horizon.multiplier_figure(tables["multiplier"], floor,
-                                                          scaling_plots.COLOURS)
+                                                          plots.COLOURS)
     for name, fig in figures.items():
-        scaling_plots.save(fig, out_dir / f"{name}.png")
+        plots.save(fig, out_dir / f"{name}.png")
     return {"tables": tables, "records": records, "figures": figures, "sweep": sweep}
 
 
 def with_multipliers(records: Any, ends: pd.DataFrame) -> Any:
     """The verdict point's records with each sparse run's steps-to-target multiplier for its
     final loss against dense AdamS (``final_multiplier`` of
-    :func:`lmrepro.scape.horizon.multiplier_tables`) on its comparison with AdamS: in a few
+    :func:`lmrepro.scape.study.horizon.multiplier_tables`) on its comparison with AdamS: in a few
     words beside the gap (``steps_to_target``, the claims' measured text), in full among the
     caveats."""
-    from lmrepro.scape import horizon
+    from lmrepro.scape.study import horizon
 
     if not len(ends):
         return records
@@ -413,7 +413,7 @@ def summary_sentences(tables: Mapping[str, pd.DataFrame], verdict: tuple[str, in
     """What the study says, in sentences computed from its tables: the gap to dense AdamS at
     the shortest and longest length of each size, and the mask diagnostics at the verdict
     point."""
-    from lmrepro.scape import horizon
+    from lmrepro.scape.study import horizon
 
     gaps, out = tables["gaps"], []
     if len(gaps) and "mean" in gaps:

@@ -28,7 +28,7 @@ Run directories: ``<stage>/sweep/<size>/L<steps>/seed<N>/<run>@lr<lr>/``,
 ``<stage>/ablations/<ablation>/<size>/L<steps>/seed<N>/<ablation>/``; each point directory
 stores its identity (:func:`lmrepro.rundirs.prepare_runs_dir`), so a changed setting never
 reuses a run and an interrupted study resumes where it stopped. The analysis is
-:mod:`lmrepro.scape.scaling_report`.
+:mod:`lmrepro.scape.study.report`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from lmrepro.results import SUMMARY
 from lmrepro.rundirs import prepare_runs_dir, seed_dir
 from lmrepro.scape.config import (ScalingAblation, ScalingStudy, ScapeConfig, ScapeRun,
                                   ScapeSuite)
-from lmrepro.scape.launch import run_scape_suite
+from lmrepro.scape.train.launch import run_scape_suite
 
 log = logging.getLogger(__name__)
 

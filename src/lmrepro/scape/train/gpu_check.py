@@ -29,7 +29,7 @@ from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import SCAPE, AdamS, DenseDP
 from lmrepro.optim.comm import pack_bits, topk_indices, unpacked_indices
 from lmrepro.scape.config import ScapeConfig, ScapeRun
-from lmrepro.scape.trainer import build_optimizer
+from lmrepro.scape.train.trainer import build_optimizer
 
 METHODS = (("adamw", 0.0), ("adams", 0.0), ("scape", 0.9), ("scape", 0.99), ("topk", 0.99))
 

@@ -29,7 +29,7 @@ from lmrepro.model import ModelConfig
 from lmrepro.results import SUMMARY, read_summary
 from lmrepro.rundirs import prepare_runs_dir
 from lmrepro.scape.config import ScapeRun, ScapeSuite, ScapeSweep
-from lmrepro.scape.launch import run_scape_suite
+from lmrepro.scape.train.launch import run_scape_suite
 from lmrepro.sweep import select_best
 
 

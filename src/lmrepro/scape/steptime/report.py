@@ -2,10 +2,10 @@
 functions returning the tables (DataFrames) and the figure the page shows, and
 :func:`steptime_stage`, which computes them all and writes them to ``results/steptime/``.
 
-* the calibration on our shaped link (:mod:`lmrepro.scape.steptime_fit`): predicted against
+* the calibration on our shaped link (:mod:`lmrepro.scape.steptime.fit`): predicted against
   measured step times with their spread, from ``bench/results/scape_calibration.json`` or, until
   that run exists, the development check on ``bench/results/scape_netns.json``;
-* the paper's configurations (:mod:`lmrepro.scape.steptime_paper`): predicted per-step speedup
+* the paper's configurations (:mod:`lmrepro.scape.steptime.paper`): predicted per-step speedup
   and whole-run wall-clock saving beside the paper's 3.26x and 43.3 %, the assumptions, and the
   network rate that would give the paper's figures;
 * weak scaling from 8 to 32 and 128 GPUs;
@@ -29,9 +29,9 @@ from matplotlib.figure import Figure
 from lmrepro.bench import BENCH_RESULTS
 from lmrepro.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 from lmrepro.pipeline.headline import metrics_dir, prediction_items, write_headline
-from lmrepro.scape import steptime_paper as sp
-from lmrepro.scape.steptime import Cluster, Options, bandwidth_for_speedup, predict
-from lmrepro.scape.steptime_fit import calibrate
+from lmrepro.scape.steptime import paper as sp
+from lmrepro.scape.steptime.model import Cluster, Options, bandwidth_for_speedup, predict
+from lmrepro.scape.steptime.fit import calibrate
 
 OUT_DIR = "results/steptime"
 CALIBRATION = "scape_calibration.json"     # bench_scape_netns.py --calibrate
@@ -70,7 +70,7 @@ def _billions(model: sp.PaperModel) -> str:
 
 
 def load_calibration(bench_dir: str | Path = BENCH_RESULTS) -> dict[str, Any] | None:
-    """The model's calibration (:func:`~lmrepro.scape.steptime_fit.calibrate`) on the
+    """The model's calibration (:func:`~lmrepro.scape.steptime.fit.calibrate`) on the
     calibration run when it exists, else on the older sweep (the development check), with
     ``source`` (the file) and ``calibrated`` (whether it is the calibration run); None when
     neither file exists."""
@@ -131,7 +131,7 @@ def calibration_frame(cal: dict[str, Any] | None) -> pd.DataFrame:
 
 
 def paper_frame() -> pd.DataFrame:
-    """:func:`~lmrepro.scape.steptime_paper.paper_table`: every model, sparsity, network rate
+    """:func:`~lmrepro.scape.steptime.paper.paper_table`: every model, sparsity, network rate
     and MFU."""
     return pd.DataFrame(sp.paper_table())
 

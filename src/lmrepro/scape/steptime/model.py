@@ -171,7 +171,7 @@ class LocalWork:
     ``selection_s_per_param`` and ``selection_s_per_step``: what a SCAPE step costs beyond
     those passes (the top-k selection kernels, per-tensor launches and copies), per parameter
     or fixed per step. 0 by default (an assumption: memory passes only); the authors' logs
-    measure it (:mod:`lmrepro.scape.steptime_logs`: their SCAPE step at density ~1 against the
+    measure it (:mod:`lmrepro.scape.authors.fit`: their SCAPE step at density ~1 against the
     model), but not how it scales with the model: per parameter and per step bracket that."""
 
     dense_s_per_param: float = 28 / 4e12

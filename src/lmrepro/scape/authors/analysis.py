@@ -1,7 +1,7 @@
 """What the SCAPE authors' own logs measured: step times per run and density phase,
 the per-step speedup over dense AdamS of the same model and world size, SCAPE against dense lm
 loss at matched iterations, and where the logs stop. Pure functions of the table of
-:mod:`lmrepro.scape.authors_logs` (one row per logged iteration).
+:mod:`lmrepro.scape.authors.logs` (one row per logged iteration).
 
 Spread: a step time is the median over the steady steps of a phase with its interquartile
 range (IQR); a ratio of two medians is given with the range the two IQRs allow
