@@ -974,7 +974,7 @@ def test_pipeline_survives_sigkills_and_a_bad_parameter_keeps_every_product(tmp_
     from test_pipeline import copy_project
 
     from lmrepro.data.stage import load_splits
-    from lmrepro.rgc.runner import train as train_rgc
+    from lmrepro.rgc.executors.runner import train as train_rgc
     from lmrepro.scape.train.launch import launch_train_scape
 
     proj = copy_project(tmp_path / "proj")

@@ -1,6 +1,6 @@
 """The compute of one async stage worker (:class:`WorkerStages`), per micro-batch, without its
-queues: the worker process (:mod:`lmrepro.rgc.worker`) and the benchmark (``bench/bench_rgc.py``)
-drive the same methods.
+queues: the worker process (:mod:`lmrepro.rgc.executors.worker`) and the benchmark
+(``bench/bench_rgc.py``) drive the same methods.
 
 Running ahead (:attr:`lmrepro.rgc.config.RGCConfig.runs_ahead`, H > 1 with a stale consensus):
 a worker backpropagates the graphs of an older step while it trains on the current one, so the
@@ -24,10 +24,10 @@ import torch.nn as nn
 from lmrepro.errors import check
 from lmrepro.model import ByteTransformer
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.events import BACKWARD, FORWARD, READOUT, EventLog
-from lmrepro.rgc.stages import (merge_gradients, readout_backward, run_stage, stage_backward,
-                                stage_bounds, stage_modules, stage_parameter_names,
-                                stage_parameters, window_bottom)
+from lmrepro.rgc.executors.events import BACKWARD, FORWARD, READOUT, EventLog
+from lmrepro.rgc.core.stages import (merge_gradients, readout_backward, run_stage, stage_backward,
+                                     stage_bounds, stage_modules, stage_parameter_names,
+                                     stage_parameters, window_bottom)
 
 
 def worker_state_names(model: ByteTransformer, cfg: RGCConfig, stages: list[int]) -> list[str]:
@@ -70,7 +70,7 @@ class Kept:
 
 
 def run_modules(mods: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
-    """Apply a stage given as its modules (:func:`lmrepro.rgc.stages.stage_modules`)."""
+    """Apply a stage given as its modules (:func:`lmrepro.rgc.core.stages.stage_modules`)."""
     h = x
     for mod in mods:
         h = mod(h)
@@ -87,7 +87,7 @@ class WorkerStages:
     step, backpropagates through the kept stages and returns what continues to the previous
     worker. ``current_stage`` names the stage running, for error reports. With ``events``, each
     stage's blocks forward, readout and backward per micro-batch are recorded there
-    (:mod:`lmrepro.rgc.events`).
+    (:mod:`lmrepro.rgc.executors.events`).
     """
 
     def __init__(self, model: ByteTransformer, cfg: RGCConfig, stages: list[int],

@@ -6,12 +6,12 @@ run left in its allocator, the torch runtime state the earlier runs built up (th
 fork server and what it preloaded) and their pages. :func:`train_in_fresh_process` starts a new
 interpreter (``spawn``) for the one run; the run (and, async, its fork server and workers) is
 that interpreter's tree, and the parent reads back the summary the run wrote. The child calls
-the same :func:`lmrepro.rgc.runner.train` with the same configuration, seed and data, so the
-results are those of a run in the calling process (tested, bit for bit); its summary records
+the same :func:`lmrepro.rgc.executors.runner.train` with the same configuration, seed and data, so
+the results are those of a run in the calling process (tested, bit for bit); its summary records
 ``details.process_tree`` (``root_pid``, ``launcher_pid``, ``fresh``).
 
 The training data cross by reference when they are a file mapping (the pipeline's prepared
-splits, :func:`lmrepro.rgc.wire.by_reference`), by value otherwise.
+splits, :func:`lmrepro.rgc.executors.wire.by_reference`), by value otherwise.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 
 from lmrepro.results import read_run
 from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
-from lmrepro.rgc.corpus import check_data
-from lmrepro.rgc.wire import MappedBytes, by_reference, received
+from lmrepro.rgc.core.corpus import check_data
+from lmrepro.rgc.executors.wire import MappedBytes, by_reference, received
 
 
 def _child(cfg: dict[str, Any], executor: str, data: dict[str, np.ndarray | MappedBytes | None],
@@ -34,8 +34,8 @@ def _child(cfg: dict[str, Any], executor: str, data: dict[str, np.ndarray | Mapp
     """The fresh process: train the run into ``run_dir``; a failure goes back on ``report`` as
     its traceback, then the exception itself where the queue can carry it."""
     from lmrepro.lifetime import die_with_multiprocessing_parent
-    from lmrepro.rgc.run_memory import mark_fresh_process
-    from lmrepro.rgc.runner import train
+    from lmrepro.rgc.core.run_memory import mark_fresh_process
+    from lmrepro.rgc.executors.runner import train
 
     # the run ends with the process that asked for it (a SIGKILLed stage leaves no writer)
     die_with_multiprocessing_parent()
@@ -78,8 +78,8 @@ def train_in_fresh_process(config: RGCConfig, executor: str, train_data: np.ndar
                            val_data: np.ndarray, run_dir: str | Path, corpus: str, name: str,
                            seed: int = 0, test_data: np.ndarray | None = None
                            ) -> dict[str, Any]:
-    """:func:`lmrepro.rgc.runner.train` of one run in a new interpreter (its own process tree);
-    returns the run's summary (read from ``run_dir``). A failure in the child is raised here:
+    """:func:`lmrepro.rgc.executors.runner.train` of one run in a new interpreter (its own process
+    tree); returns the run's summary (read from ``run_dir``). A failure in the child is raised here:
     the child's exception where it can be rebuilt, else a ``RuntimeError`` with its
     traceback."""
     # bad input is refused here, as train() would refuse it, before a process starts

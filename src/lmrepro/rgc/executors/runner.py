@@ -8,10 +8,10 @@ import numpy as np
 
 from lmrepro.errors import check
 from lmrepro.rgc.config import RGCConfig, check_executor, check_threads
-from lmrepro.rgc.corpus import check_data, synthetic_corpus
-from lmrepro.rgc.faults import check_fault_point
-from lmrepro.rgc.result import TrainResult
-from lmrepro.rgc.run_spec import RunSpec
+from lmrepro.rgc.core.corpus import check_data, synthetic_corpus
+from lmrepro.rgc.executors.faults import check_fault_point
+from lmrepro.rgc.core.result import TrainResult
+from lmrepro.rgc.core.run_spec import RunSpec
 
 
 def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | None = None,
@@ -26,7 +26,7 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
         executor: ``"sync"`` (one process, stages in turn), ``"async"`` (the stages on
             ``config.n_workers`` worker processes, ``config.placement``), ``"backprop"`` or
             ``"pipelined_backprop"`` (global backprop on the async executor's workers and
-            placement, :mod:`lmrepro.rgc.pipelined`).
+            placement, :mod:`lmrepro.rgc.executors.pipelined`).
         train_data, val_data: 1-D uint8 byte arrays; ``None`` uses a deterministic synthetic
             text (for smoke runs only).
         out_dir: run directory in the :mod:`lmrepro.results` layout; enables checkpoints
@@ -63,14 +63,14 @@ def train(config: RGCConfig, executor: str = "sync", train_data: np.ndarray | No
     spec = RunSpec(executor, seed, corpus, name, Path(out_dir) if out_dir is not None else None,
                    stop_after, test_data)
     if executor == "async":
-        from lmrepro.rgc.async_ import train_async
+        from lmrepro.rgc.executors.async_ import train_async
         return train_async(config, spec, train_data, val_data)
     if executor == "pipelined_backprop":
-        from lmrepro.rgc.async_ import train_async
-        from lmrepro.rgc.pipelined import KIND, pipelined_config
+        from lmrepro.rgc.executors.async_ import train_async
+        from lmrepro.rgc.executors.pipelined import KIND, pipelined_config
         return train_async(pipelined_config(config), spec, train_data, val_data, KIND)
     if executor == "backprop":
-        from lmrepro.rgc.backprop_executor import train_backprop_executor
+        from lmrepro.rgc.executors.backprop import train_backprop_executor
         return train_backprop_executor(config, spec, train_data, val_data)
-    from lmrepro.rgc.sync import train_single_process
+    from lmrepro.rgc.executors.sync import train_single_process
     return train_single_process(config, spec, train_data, val_data)

@@ -9,8 +9,8 @@ micro-batches as async RGC, GPipe-style with a flush per step:
 
 * forward, per micro-batch: each worker runs its stages on the activation from the previous
   worker and sends its last stage's activation on (the async executor's forward,
-  :class:`lmrepro.rgc.worker_stages.WorkerStages` with horizon K); only the last stage reads out,
-  through the model's own decoder: the model's loss ``CE(D(h_L), y)``, scaled by 1/M;
+  :class:`lmrepro.rgc.executors.worker_stages.WorkerStages` with horizon K); only the last stage
+  reads out, through the model's own decoder: the model's loss ``CE(D(h_L), y)``, scaled by 1/M;
 * backward, per micro-batch: the last worker backpropagates at once, every other worker when the
   gradient w.r.t. its output arrives, and sends the gradient w.r.t. its input down (tagged, as in
   the async executor);
@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.recipe import lr_at, set_lr
-from lmrepro.rgc.wire import StepDone
-from lmrepro.rgc.worker import StageWorker, WorkerArgs
-from lmrepro.rgc.worker_stages import WorkerStages
+from lmrepro.rgc.core.recipe import lr_at, set_lr
+from lmrepro.rgc.executors.wire import StepDone
+from lmrepro.rgc.executors.worker import StageWorker, WorkerArgs
+from lmrepro.rgc.executors.worker_stages import WorkerStages
 
 KIND = "pipelined_backprop"
 

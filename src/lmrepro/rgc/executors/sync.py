@@ -5,7 +5,7 @@ the async executor), samples each step's batch from the seeded generator, splits
 micro-batches, accumulates every stage's local gradients (each micro-batch loss scaled by
 ``1/micro_batches``) and takes one step of each stage's optimizer (:func:`_step_fn`). Global
 backprop, RGC's comparison, is the package's one global-backprop trainer
-(:mod:`lmrepro.rgc.backprop_executor`).
+(:mod:`lmrepro.rgc.executors.backprop`).
 
 The run around the step (resume, schedule, checkpoints, evaluation, records) is the harness's
 (:mod:`lmrepro.harness`). Checkpoints hold
@@ -26,17 +26,17 @@ from lmrepro.evaluation import bits_per_byte
 from lmrepro.harness import StepFn
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.comm import grads_to_flat
-from lmrepro.rgc.checkpoint import checkpoint_state
+from lmrepro.rgc.core.checkpoint import checkpoint_state
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.consensus_queue import ConsensusQueue
-from lmrepro.rgc.gradient_delay import StageGradientDelay
-from lmrepro.rgc.recipe import (batch_generator, build_model, evaluate, make_adamw, micro_batches,
-                                set_lr)
-from lmrepro.rgc.result import TrainResult, finish
-from lmrepro.rgc.run_memory import in_evaluation, run_sampler
-from lmrepro.rgc.run_spec import RunSpec, harness
-from lmrepro.rgc.stages import (accumulate_rgc_grads, decoder_parameters, stage_bounds,
-                                stage_parameters)
+from lmrepro.rgc.executors.consensus_queue import ConsensusQueue
+from lmrepro.rgc.executors.gradient_delay import StageGradientDelay
+from lmrepro.rgc.core.recipe import (batch_generator, build_model, evaluate, make_adamw,
+                                     micro_batches, set_lr)
+from lmrepro.rgc.core.result import TrainResult, finish
+from lmrepro.rgc.core.run_memory import in_evaluation, run_sampler
+from lmrepro.rgc.core.run_spec import RunSpec, harness
+from lmrepro.rgc.core.stages import (accumulate_rgc_grads, decoder_parameters, stage_bounds,
+                                     stage_parameters)
 
 
 def make_optimizers(model: ByteTransformer, cfg: RGCConfig

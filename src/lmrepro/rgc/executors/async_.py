@@ -22,7 +22,7 @@ Data flow of one step (:class:`WorkerStages` is one worker's compute):
   backpropagates through its blocks at once and frees the graph;
 * backward phase (H > 1 only), per micro-batch in order: a worker receives from the next
   worker the gradients w.r.t. its last stage's output, grouped by the stage where each stops
-  (:func:`lmrepro.rgc.stages.stage_backward`), adds its stages' own readout gradients,
+  (:func:`lmrepro.rgc.core.stages.stage_backward`), adds its stages' own readout gradients,
   backpropagates through its stages (the kept activations) and sends the gradients that
   continue to the previous worker. H = K is global backprop of the sum of the local losses;
 * consensus: one gloo ``all_reduce`` (sum, then / K) of the flattened decoder gradients over
@@ -30,10 +30,11 @@ Data flow of one step (:class:`WorkerStages` is one worker's compute):
   same step (``consensus_staleness`` 0) or s steps later (bounded staleness s: the all-reduce
   runs in the background meanwhile);
 * the parent only collects per-step losses, states for checkpoints, errors, and at the end each
-  worker's timestamped compute events (:mod:`lmrepro.rgc.events`, ``events.json``).
+  worker's timestamped compute events (:mod:`lmrepro.rgc.executors.events`, ``events.json``).
 
 Every activation and gradient between workers is tagged with its step, micro-batch and sending
-stage, and the receiver checks the tag against what it expects (:func:`lmrepro.rgc.wire.untag`).
+stage, and the receiver checks the tag against what it expects
+(:func:`lmrepro.rgc.executors.wire.untag`).
 
 A worker that raises sends its traceback to the parent, which stops every worker and raises
 :class:`StageWorkerError` naming the stage that was running; a worker that dies without a word
@@ -62,18 +63,19 @@ from lmrepro.lifetime import fault_spec
 from lmrepro.memory import Memory
 from lmrepro.memory_phases import END, TRAINING, START
 from lmrepro.model import ByteTransformer
-from lmrepro.rgc import events as events_mod
-from lmrepro.rgc.checkpoint import checkpoint_state, state_from_bytes, state_to_bytes
+from lmrepro.rgc.executors import events as events_mod
+from lmrepro.rgc.core.checkpoint import checkpoint_state, state_from_bytes, state_to_bytes
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.recipe import build_model, evaluate
-from lmrepro.rgc.result import TrainResult, finish
-from lmrepro.rgc.run_memory import in_evaluation, run_sampler, set_phase
-from lmrepro.rgc.run_spec import RunSpec, harness
-from lmrepro.rgc.wire import (POLL_S, Failed, Finished, Message, PartSaved, Ready, Started,
-                              StateAfter, StepDone, WorkerEvents, by_reference, stalled_stage)
-from lmrepro.rgc.worker import WorkerArgs
-from lmrepro.rgc.worker_process import _stage_worker
-from lmrepro.rgc.worker_stages import worker_state_names
+from lmrepro.rgc.core.recipe import build_model, evaluate
+from lmrepro.rgc.core.result import TrainResult, finish
+from lmrepro.rgc.core.run_memory import in_evaluation, run_sampler, set_phase
+from lmrepro.rgc.core.run_spec import RunSpec, harness
+from lmrepro.rgc.executors.wire import (POLL_S, Failed, Finished, Message, PartSaved, Ready,
+                                        Started, StateAfter, StepDone, WorkerEvents, by_reference,
+                                        stalled_stage)
+from lmrepro.rgc.executors.worker import WorkerArgs
+from lmrepro.rgc.executors.worker_process import _stage_worker
+from lmrepro.rgc.executors.worker_stages import worker_state_names
 
 
 class StageWorkerError(RuntimeError):
@@ -98,7 +100,7 @@ def _mp_context() -> Any:
         return mp.get_context("spawn")
     # torch._dynamo is imported by the first optimizer construction (~3 s per process)
     ctx.set_forkserver_preload(["torch", "torch._dynamo", "torch.optim", "torch.distributed",
-                                "lmrepro.rgc.worker_process"])
+                                "lmrepro.rgc.executors.worker_process"])
     return ctx
 
 
@@ -168,8 +170,9 @@ def _start_workers(cfg: RGCConfig, spec: RunSpec, starts: list[bytes], end: int,
 def train_async(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.ndarray,
                 kind: str = "rgc") -> TrainResult:
     """Run the async executor; see :func:`lmrepro.rgc.train`. The stage workers' fault points
-    (tests only) are :data:`lmrepro.rgc.faults.FAULT_POINT`. ``kind="pipelined_backprop"``:
-    the same workers train global backprop (:mod:`lmrepro.rgc.pipelined`).
+    (tests only) are :data:`lmrepro.rgc.executors.faults.FAULT_POINT`.
+    ``kind="pipelined_backprop"``: the same workers train global backprop
+    (:mod:`lmrepro.rgc.executors.pipelined`).
 
     Memory (docs/rgc.md, "Memory"): the parent's model (built from the seed or the checkpoint)
     and the start states exist in the start-up phase only; while the workers train the parent
@@ -395,8 +398,8 @@ def _failure(msg: Failed, status: Any, placement: list[list[int]], timeout_s: fl
 
 
 def _assemble(cfg: RGCConfig, parts: dict[int, dict]) -> dict[str, Any]:
-    """The checkpoint state (:func:`lmrepro.rgc.checkpoint.checkpoint_state`) from the W workers'
-    payloads."""
+    """The checkpoint state (:func:`lmrepro.rgc.core.checkpoint.checkpoint_state`) from the W
+    workers' payloads."""
     model_state: dict[str, torch.Tensor] = {}
     optims: dict[str, dict] = {}
     for w in range(cfg.n_workers):

@@ -1,7 +1,7 @@
 """The body of an async stage worker's process (:func:`_stage_worker`): its start, the
 rendezvous with the other workers, the worker the run asks for (``WorkerArgs.kind``: an RGC
-:class:`~lmrepro.rgc.worker.StageWorker` or the pipelined global backprop's
-:class:`~lmrepro.rgc.pipelined.PipelinedWorker`) and every failure sent to the parent."""
+:class:`~lmrepro.rgc.executors.worker.StageWorker` or the pipelined global backprop's
+:class:`~lmrepro.rgc.executors.pipelined.PipelinedWorker`) and every failure sent to the parent."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ import torch.distributed as dist
 
 from lmrepro.lifetime import die_with_multiprocessing_parent, set_fault_spec
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.pipelined import PipelinedWorker
-from lmrepro.rgc.wire import Failed, Finished, Ready, Started, Stopped
-from lmrepro.rgc.worker import StageWorker, WorkerArgs
+from lmrepro.rgc.executors.pipelined import PipelinedWorker
+from lmrepro.rgc.executors.wire import Failed, Finished, Ready, Started, Stopped
+from lmrepro.rgc.executors.worker import StageWorker, WorkerArgs
 
 
 def _stage_worker(a: WorkerArgs) -> None:
-    """Body of worker ``a.w``'s process: the protocol with the parent (:mod:`lmrepro.rgc.wire`).
-    Every failure goes to the parent as :class:`Failed`, with its traceback."""
+    """Body of worker ``a.w``'s process: the protocol with the parent
+    (:mod:`lmrepro.rgc.executors.wire`). Every failure goes to the parent as :class:`Failed`, with
+    its traceback."""
     die_with_multiprocessing_parent()      # ends with the run's process (docs/reliability.md)
     set_fault_spec(a.faults)
     worker: StageWorker | None = None

@@ -2,12 +2,12 @@
 global-backprop trainer (:func:`lmrepro.backprop.train_backprop`).
 
 What it shares with the RGC executors, so the comparison differs only in the training rule: the
-model and its initialisation (:func:`~lmrepro.rgc.recipe.build_model`), the batches (the seeded
-:func:`~lmrepro.rgc.recipe.batch_generator`, ``micro_batches`` parts per step), the AdamW
-settings (:func:`~lmrepro.rgc.recipe.make_adamw`, here one over every parameter), the
+model and its initialisation (:func:`~lmrepro.rgc.core.recipe.build_model`), the batches (the seeded
+:func:`~lmrepro.rgc.core.recipe.batch_generator`, ``micro_batches`` parts per step), the AdamW
+settings (:func:`~lmrepro.rgc.core.recipe.make_adamw`, here one over every parameter), the
 single-process thread budget (``config.single_process_threads``), the evaluation, the run's
-identity and cadences (:func:`~lmrepro.rgc.run_spec.harness`) and the summary
-(:func:`~lmrepro.rgc.result.finish`). No clipping, as in the RGC executors.
+identity and cadences (:func:`~lmrepro.rgc.core.run_spec.harness`) and the summary
+(:func:`~lmrepro.rgc.core.result.finish`). No clipping, as in the RGC executors.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import numpy as np
 
 from lmrepro.backprop import BackpropSpec, train_backprop
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.recipe import batch_generator, build_model, evaluate, make_adamw
-from lmrepro.rgc.result import TrainResult, finish
-from lmrepro.rgc.run_memory import in_evaluation, run_sampler
-from lmrepro.rgc.run_spec import RunSpec, harness
+from lmrepro.rgc.core.recipe import batch_generator, build_model, evaluate, make_adamw
+from lmrepro.rgc.core.result import TrainResult, finish
+from lmrepro.rgc.core.run_memory import in_evaluation, run_sampler
+from lmrepro.rgc.core.run_spec import RunSpec, harness
 
 
 def train_backprop_executor(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray,

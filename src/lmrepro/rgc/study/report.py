@@ -1,4 +1,4 @@
-"""The analysis of RGC's training-length study (:mod:`lmrepro.rgc.scaling`).
+"""The analysis of RGC's training-length study (:mod:`lmrepro.rgc.study.scaling`).
 
 Every quality figure is judged on the **test** split (the lr sweep chose on the validation
 split) with the seed as the unit (:func:`lmrepro.pipeline.length_study.paired_test`: a one-sided
@@ -206,7 +206,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     floor = floors.get(corpus)
     verdict = (study.verdict_size, study.verdict_steps)
     gaps = gap_table(runs, stats, floor, study.baseline)
-    from lmrepro.rgc import speedup
+    from lmrepro.rgc.analysis import speedup
 
     frontier = frontier_table(runs, gaps, verdict, speedup.load("rgc"))
     tables = {"runs": runs.drop(columns=["path"]), "gaps": gaps, "trend": trend(gaps),

@@ -26,7 +26,7 @@ _FRESH_PROCESS = [False]
 
 def mark_fresh_process() -> None:
     """Record that this process was started to train one run (the suite's fresh process per
-    run, :mod:`lmrepro.rgc.isolated`): its summary says so (``details.process_tree``)."""
+    run, :mod:`lmrepro.rgc.executors.isolated`): its summary says so (``details.process_tree``)."""
     _FRESH_PROCESS[0] = True
 
 

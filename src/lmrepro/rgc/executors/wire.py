@@ -86,8 +86,8 @@ class Failed:
 
 @dataclass(frozen=True)
 class WorkerEvents:
-    """The worker's compute events (:class:`lmrepro.rgc.events.EventLog`'s flat array), sent
-    once it trained its last step."""
+    """The worker's compute events (:class:`lmrepro.rgc.executors.events.EventLog`'s flat array),
+    sent once it trained its last step."""
 
     worker: int
     rows: Any

@@ -24,7 +24,7 @@ import pandas as pd
 from lmrepro.errors import check
 from lmrepro.results import read_run, run_settings
 from lmrepro.memory_phases import PHASES, TRAINING
-from lmrepro.rgc.byte_account import explain_excess
+from lmrepro.rgc.analysis.byte_account import explain_excess
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.details import RGCDetails
 
@@ -128,7 +128,7 @@ def memory_phase_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
 
 def excess_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     """Every async run's peak over the backprop run of its corpus and seed, explained by the
-    byte account (:func:`lmrepro.rgc.byte_account.explain_excess`) on RSS and on PSS: the
+    byte account (:func:`lmrepro.rgc.analysis.byte_account.explain_excess`) on RSS and on PSS: the
     measured excess, the tensors by kind, the workers' runtimes, the unaccounted rest (MiB)."""
     rows = []
     for name, s in runs.items():

@@ -10,7 +10,7 @@ import numpy as np
 
 from lmrepro.harness import Cadence, Run, Schedule
 from lmrepro.memory import MemorySampler
-from lmrepro.rgc.checkpoint import run_identity
+from lmrepro.rgc.core.checkpoint import run_identity
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.roles import RGCMethod
 

@@ -31,7 +31,7 @@ Run directories: ``<stage>/sweep/<size>/L<steps>/<run>@lr<lr>/seed<N>/`` and
 ``<stage>/runs/<size>/L<steps>/<run>/seed<N>/``; each ``<run>`` directory stores its identity
 (the run's whole configuration and the data's manifest, :func:`lmrepro.rundirs.prepare_runs_dir`),
 so adding a run or a seed keeps every finished one and a changed setting never reuses one.
-The analysis is :mod:`lmrepro.rgc.scaling_report`.
+The analysis is :mod:`lmrepro.rgc.study.report`.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def train_job(job: Job) -> Path:
     import numpy as np
 
     from lmrepro.data.prepare import load_split
-    from lmrepro.rgc.runner import train
+    from lmrepro.rgc.executors.runner import train
 
     if not (job.run_dir / SUMMARY).exists():
         cfg = RGCConfig(**job.config)

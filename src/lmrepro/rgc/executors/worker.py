@@ -1,8 +1,8 @@
 """One async stage worker (a process): its side of the protocol with the parent and its
-neighbours (:class:`StageWorker`, :mod:`lmrepro.rgc.wire`) around its stages' compute
-(:class:`lmrepro.rgc.worker_stages.WorkerStages`); docs/rgc.md describes the data flow of a
-step, in lockstep and running ahead. The worker process's body is
-:mod:`lmrepro.rgc.worker_process`."""
+neighbours (:class:`StageWorker`, :mod:`lmrepro.rgc.executors.wire`) around its stages' compute
+(:class:`lmrepro.rgc.executors.worker_stages.WorkerStages`); docs/rgc.md describes the data flow of
+a step, in lockstep and running ahead. The worker process's body is
+:mod:`lmrepro.rgc.executors.worker_process`."""
 
 from __future__ import annotations
 
@@ -19,17 +19,17 @@ from lmrepro.checkpoints import Checkpoints
 from lmrepro.data.batches import sample_batch
 from lmrepro.lifetime import fault_armed, fault_point
 from lmrepro.optim.comm import grads_to_flat
-from lmrepro.rgc.checkpoint import state_from_bytes, state_to_bytes
+from lmrepro.rgc.core.checkpoint import state_from_bytes, state_to_bytes
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.consensus_queue import ConsensusQueue
-from lmrepro.rgc.events import EventLog
-from lmrepro.rgc.faults import stage_fault_point
-from lmrepro.rgc.recipe import batch_generator, lr_at, make_adamw, micro_batches, set_lr
-from lmrepro.rgc.run_spec import cadence
-from lmrepro.rgc.stages import decoder_parameters, stage_parameter_names
-from lmrepro.rgc.wire import (Channels, MappedBytes, PartSaved, StateAfter, StepDone, WorkerEvents,
-                              received, tagged, untag)
-from lmrepro.rgc.worker_stages import WorkerStages, own_stages_model
+from lmrepro.rgc.executors.consensus_queue import ConsensusQueue
+from lmrepro.rgc.executors.events import EventLog
+from lmrepro.rgc.executors.faults import stage_fault_point
+from lmrepro.rgc.core.recipe import batch_generator, lr_at, make_adamw, micro_batches, set_lr
+from lmrepro.rgc.core.run_spec import cadence
+from lmrepro.rgc.core.stages import decoder_parameters, stage_parameter_names
+from lmrepro.rgc.executors.wire import (Channels, MappedBytes, PartSaved, StateAfter, StepDone,
+                                        WorkerEvents, received, tagged, untag)
+from lmrepro.rgc.executors.worker_stages import WorkerStages, own_stages_model
 
 
 @dataclass
@@ -59,7 +59,7 @@ class WorkerArgs:
     go: Any
     status: Any
     faults: str | None
-    kind: str = "rgc"       # or "pipelined_backprop" (lmrepro.rgc.pipelined)
+    kind: str = "rgc"       # or "pipelined_backprop" (lmrepro.rgc.executors.pipelined)
 
 
 def _fault_points(stages: list[int], step: int, timeout_s: float, backward: bool = False
@@ -72,8 +72,8 @@ def _fault_points(stages: list[int], step: int, timeout_s: float, backward: bool
 
 def _slip(stage: int, step: int, backward: bool) -> int:
     """1 when a test armed stage ``stage``'s mislabel fault point at ``step``
-    (:func:`lmrepro.rgc.faults.stage_fault_point`): its messages then carry the next step's tag;
-    0 otherwise."""
+    (:func:`lmrepro.rgc.executors.faults.stage_fault_point`): its messages then carry the next
+    step's tag; 0 otherwise."""
     return int(fault_armed(stage_fault_point(stage, step, backward, mislabel=True)))
 
 
@@ -111,7 +111,7 @@ class StageWorker:
 
     def restore(self, ck: dict[str, Any]) -> None:
         """Everything but the weights (already the model's) from this worker's part of a
-        checkpoint (:func:`lmrepro.rgc.async_.worker_start`)."""
+        checkpoint (:func:`lmrepro.rgc.executors.async_.worker_start`)."""
         for k in self.stages:
             self.opts[k].load_state_dict(ck["optims"][f"stage{k}"])
         self.opt_dec.load_state_dict(ck["optims"]["decoder"])

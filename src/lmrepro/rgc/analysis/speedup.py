@@ -1,9 +1,10 @@
-"""Async RGC's throughput over backprop's, decomposed (:func:`lmrepro.rgc.schedule.decompose`)
-from the RGC benchmark's stored results: ``bench/results/rgc.json`` (the benchmark's shape, at
-equal cores and at the paper's 29:24 core ratio under a CPU quota) and
-``bench/results/rgc_paper_shape.json`` (the paper's model shape on this machine), and what the
-factors predict for the paper's allocation beside its 1.382x. Read by docs/rgc.md's generator
-(bench/make_performance_doc.py) and the ``rgc-throughput-paper-ratio`` claim.
+"""Async RGC's throughput over backprop's, decomposed
+(:func:`lmrepro.rgc.analysis.schedule.decompose`) from the RGC benchmark's stored results:
+``bench/results/rgc.json`` (the benchmark's shape, at equal cores and at the paper's 29:24 core
+ratio under a CPU quota) and ``bench/results/rgc_paper_shape.json`` (the paper's model shape on this
+machine), and what the factors predict for the paper's allocation beside its 1.382x. Read by
+docs/rgc.md's generator (bench/make_performance_doc.py) and the ``rgc-throughput-paper-ratio``
+claim.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from lmrepro.bench import BENCH_RESULTS
 from lmrepro.io import read_json
-from lmrepro.rgc.schedule import SpeedupFactors, WorkerTimes, decompose, ideal_step_time
+from lmrepro.rgc.analysis.schedule import SpeedupFactors, WorkerTimes, decompose, ideal_step_time
 
 PAPER_SPEEDUP = 1.382
 PAPER_THREADS = (29, 24)       # async worker threads, backprop threads (the paper's summary)

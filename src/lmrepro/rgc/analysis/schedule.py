@@ -3,7 +3,7 @@
 ``bench/bench_rgc.py`` times each stage's compute alone (one process, the worker's thread
 count, no other work on the machine) and predicts from it what the async pipeline could reach
 on a placement: the workers run in parallel, each at its measured speed, and the only waits are
-those the schedule itself imposes (:mod:`lmrepro.rgc.async_`):
+those the schedule itself imposes (:mod:`lmrepro.rgc.executors.async_`):
 
 * forward phase: worker w starts micro-batch m when it is done with m-1 and worker w-1 has sent
   m's activation (the fill bubble: the first micro-batch crosses every worker);

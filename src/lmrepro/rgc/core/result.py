@@ -17,10 +17,10 @@ from lmrepro.memory import Memory, memory_fields
 from lmrepro.memory_phases import END
 from lmrepro.model import ByteTransformer
 from lmrepro.rgc.config import MULTI_PROCESS, RGCConfig
-from lmrepro.rgc.recipe import evaluate
+from lmrepro.rgc.core.recipe import evaluate
 from lmrepro.rgc.roles import RGCMethod
-from lmrepro.rgc.run_memory import attributed_peak, memory_details, set_phase
-from lmrepro.rgc.run_spec import RunSpec
+from lmrepro.rgc.core.run_memory import attributed_peak, memory_details, set_phase
+from lmrepro.rgc.core.run_spec import RunSpec
 
 
 @dataclass
@@ -42,7 +42,7 @@ class TrainResult:
     metrics: list[dict] = field(default_factory=list)
     final_state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     out_dir: Path | None = None
-    #: async: every worker's compute events of this invocation (:mod:`lmrepro.rgc.events`)
+    #: async: every worker's compute events of this invocation (:mod:`lmrepro.rgc.executors.events`)
     events: list[Any] = field(default_factory=list, repr=False)
 
 
