@@ -1,12 +1,12 @@
 """Benchmark (not a test): async RGC against its own ideal, and against global backprop.
 
-1. **Each stage's compute alone** (:class:`lmrepro.rgc.worker_stages.WorkerStages`, the
+1. **Each stage's compute alone** (:class:`lmrepro.rgc.executors.worker_stages.WorkerStages`, the
    executor's own code, one process, the worker's thread count, the stages run one after
    another): per micro-batch the forward up to the activation sent on, the readout (and the
    backward when no gradient comes back), the backward phase (H > 1); per step the AdamW steps.
 2. **The consensus all-reduce** of the decoder gradient among W gloo processes on 127.0.0.1.
 3. **The ideal** step time of the placement on this machine's cores
-   (:func:`lmrepro.rgc.schedule.ideal_step_time`: bottleneck worker, fill and drain bubble,
+   (:func:`lmrepro.rgc.analysis.schedule.ideal_step_time`: bottleneck worker, fill and drain bubble,
    all-reduce, the staleness), hence the ideal tokens/s.
 4. **End to end**, each run a fresh process through :func:`lmrepro.rgc.train` (its own tokens/s,
    peak RSS/PSS/USS of the process tree, idle torch process), interleaved over ``--repeats``:
@@ -17,8 +17,9 @@
    interpolated between 1 and 2 threads and says so); backprop at 1 thread as a reference.
 
 Reports measured / ideal per async run (the target: >= 90 %), the async/backprop ratios, and
-how much of async's extra memory is torch runtimes (:func:`lmrepro.rgc.report.memory_split`).
-The model is the default profile's ``rgc:`` section (``params.yaml``), with ``--steps`` steps.
+how much of async's extra memory is torch runtimes
+(:func:`lmrepro.rgc.analysis.report.memory_split`). The model is the default profile's ``rgc:``
+section (``params.yaml``), with ``--steps`` steps.
 
     flock /tmp/lmrepro-heavy.lock python bench/bench_rgc.py          # ~6 minutes on 2 cores
     flock /tmp/lmrepro-heavy.lock python bench/bench_rgc.py --design   # ~1 minute
@@ -58,7 +59,7 @@ def load_corpus() -> tuple[np.ndarray, np.ndarray, str]:
         data = np.fromfile(p, dtype=np.uint8)
         cut = int(0.95 * len(data))
         return data[:cut], data[cut:], "shakespeare"
-    from lmrepro.rgc.corpus import synthetic_corpus
+    from lmrepro.rgc.core.corpus import synthetic_corpus
 
     data = synthetic_corpus(400_000)
     return data[:360_000], data[360_000:], "synthetic"
@@ -76,10 +77,10 @@ def stage_times(cfg_dict: dict, threads: int, repeats: int) -> dict[str, Any]:
     import torch
 
     from lmrepro.data.batches import sample_batch
-    from lmrepro.rgc.worker_stages import WorkerStages
-    from lmrepro.rgc.recipe import batch_generator, build_model, make_adamw, micro_batches
+    from lmrepro.rgc.executors.worker_stages import WorkerStages
+    from lmrepro.rgc.core.recipe import batch_generator, build_model, make_adamw, micro_batches
     from lmrepro.rgc.config import RGCConfig
-    from lmrepro.rgc.stages import decoder_parameters
+    from lmrepro.rgc.core.stages import decoder_parameters
 
     torch.set_num_threads(threads)
     cfg = RGCConfig(**cfg_dict)
@@ -190,7 +191,7 @@ def worker_times(cfg_dict: dict, measured: dict[int, dict]) -> list[Any]:
     """:class:`WorkerTimes` of each worker of the placement, from the stages' times measured at
     that worker's thread count (``measured``: threads -> :func:`stage_times`)."""
     from lmrepro.rgc.config import RGCConfig
-    from lmrepro.rgc.schedule import WorkerTimes
+    from lmrepro.rgc.analysis.schedule import WorkerTimes
 
     cfg = RGCConfig(**cfg_dict)
     out = []
@@ -208,7 +209,7 @@ def worker_times(cfg_dict: dict, measured: dict[int, dict]) -> list[Any]:
 def ideal(cfg_dict: dict, measured: dict[int, dict], allreduce_s: float, cores: int
           ) -> dict[str, Any]:
     from lmrepro.rgc.config import RGCConfig
-    from lmrepro.rgc.schedule import busy_step, ideal_step_time
+    from lmrepro.rgc.analysis.schedule import busy_step, ideal_step_time
 
     cfg = RGCConfig(**cfg_dict)
     ws = worker_times(cfg_dict, measured)
@@ -298,7 +299,7 @@ def main_bench(args: argparse.Namespace) -> int:
     from lmrepro.bench.machine import busy_processes, load_average, machine_info
     from lmrepro.pipeline.params import load_params
     from lmrepro.pipeline.registry import install
-    from lmrepro.rgc.report import memory_split
+    from lmrepro.rgc.analysis.report import memory_split
     from lmrepro.wings import WINGS
 
     install(WINGS)
@@ -323,7 +324,7 @@ def main_bench(args: argparse.Namespace) -> int:
     variants = {"async": cfg, "async-stale1": cfg.replace(consensus_staleness=1),
                 "async-H2": cfg.replace(horizon=2), f"async-H{K}": cfg.replace(horizon=K),
                 # running ahead at H = 2 and K (docs/rgc.md): with the others, every (H, s)
-                # of the horizon study's frontier (rgc.scaling_report.frontier_table)
+                # of the horizon study's frontier (rgc.study.report.frontier_table)
                 "async-H2-stale1": cfg.replace(horizon=2, consensus_staleness=1),
                 f"async-H{K}-stale1": cfg.replace(horizon=K, consensus_staleness=1)}
     if args.quick:
@@ -351,7 +352,7 @@ def main_bench(args: argparse.Namespace) -> int:
     bp_one = cfg.replace(backprop_threads=1)
     quota_cores = cfg.async_threads * PAPER_BACKPROP_THREADS / PAPER_ASYNC_THREADS
     # the same-layout control: global backprop on the async placement and threads
-    # (lmrepro.rgc.pipelined), so the ratio to async RGC is RGC's decoupling alone
+    # (lmrepro.rgc.executors.pipelined), so the ratio to async RGC is RGC's decoupling alone
     runs: dict[str, list[dict]] = {n: [] for n in [*variants, "backprop", "backprop-1thread",
                                                    "backprop-paper-ratio",
                                                    "pipelined-backprop"]}

@@ -5,7 +5,7 @@ of width 512 (8 heads, MLP 4x), context 512, byte vocabulary, 4 stages of 6 bloc
 8 micro-batches of 4 sequences (the paper's micro-batching is not in the summary we have: this
 is the ``paper`` profile's choice), horizon 1 (``--horizon``). What it measures:
 
-1. **The tensor-byte account** (:mod:`lmrepro.rgc.byte_account`) of each async worker, the
+1. **The tensor-byte account** (:mod:`lmrepro.rgc.analysis.byte_account`) of each async worker, the
    parent and backprop, from the configuration.
 2. **End to end**, each run a fresh process through :func:`lmrepro.rgc.train` (executors
    unchanged): global backprop at ``--backprop-threads``, async RGC with ``--workers`` workers of
@@ -64,7 +64,7 @@ def load_corpus() -> tuple[np.ndarray, np.ndarray, str]:
         data = np.fromfile(p, dtype=np.uint8)
         cut = int(0.95 * len(data))
         return data[:cut], data[cut:], "shakespeare"
-    from lmrepro.rgc.corpus import synthetic_corpus
+    from lmrepro.rgc.core.corpus import synthetic_corpus
 
     data = synthetic_corpus(400_000)
     return data[:360_000], data[360_000:], "synthetic"
@@ -250,12 +250,12 @@ def stage_compute(cfg_dict: dict, k: int, threads: int, repeats: int, pin: bool,
     import torch
 
     from lmrepro.memory import status_memory
-    from lmrepro.rgc import byte_account as ba
-    from lmrepro.rgc.recipe import build_model, make_adamw
+    from lmrepro.rgc.analysis import byte_account as ba
+    from lmrepro.rgc.core.recipe import build_model, make_adamw
     from lmrepro.rgc.config import RGCConfig
-    from lmrepro.rgc.stages import (decoder_parameters, readout_backward, run_stage,
-                                    stage_backward, stage_bounds, stage_parameters)
-    from lmrepro.rgc.worker_stages import own_stages_model
+    from lmrepro.rgc.core.stages import (decoder_parameters, readout_backward, run_stage,
+                                         stage_backward, stage_bounds, stage_parameters)
+    from lmrepro.rgc.executors.worker_stages import own_stages_model
 
     cores = os.cpu_count() or 1
     if pin and first_cpu + threads <= cores:
@@ -345,7 +345,7 @@ def summarize_run(name: str, r: dict) -> str:
 
 def main_bench(args: argparse.Namespace) -> int:
     from lmrepro.bench.machine import busy_processes, load_average, machine_info
-    from lmrepro.rgc import byte_account as ba
+    from lmrepro.rgc.analysis import byte_account as ba
 
     t_begin = time.perf_counter()
     cfg = paper_config(args)

@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 from lmrepro.distributed import free_port
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.scape.config import ScapeConfig, ScapeRun
-from lmrepro.scape.trainer import build_optimizer
+from lmrepro.scape.train.trainer import build_optimizer
 
 
 def _build(method: str, model: torch.nn.Module, lr: float):

@@ -9,8 +9,9 @@ gloo on 127.0.0.1). Every worker uses 1 intra-op thread (2 workers = the 2 cores
 1. an alpha-beta sweep: all-reduce, all-gather and a ping-pong over message sizes up to the dense
    gradient's size, timed on rank 0;
 2. for dense AdamW (``DenseDP(AdamW)``), SCAPE 90 % and SCAPE 99 % (:class:`lmrepro.optim.SCAPE`),
-   each built exactly as ``train-scape`` builds it (:func:`lmrepro.scape.trainer.build_optimizer`:
-   weight-decay groups, clipping, bias correction):
+   each built exactly as ``train-scape`` builds it
+   (:func:`lmrepro.scape.train.trainer.build_optimizer`: weight-decay groups, clipping, bias
+   correction):
    * ``compute``: the same training steps with every collective replaced by a local stand-in of
      the right shape (the optimizer's own ``Comm`` methods are swapped on the instance), i.e. the
      step's compute measured without communication;
@@ -194,7 +195,7 @@ def _run_methods(methods: list[str], args: argparse.Namespace, rank: int, world:
     import torch.distributed as dist
 
     from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
-    from lmrepro.scape.trainer import build_optimizer
+    from lmrepro.scape.train.trainer import build_optimizer
 
     cfg = ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                       context=args.context)

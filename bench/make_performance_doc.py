@@ -325,9 +325,9 @@ def section_rgc(r: dict | None) -> str:
                  f"floats) among {len(r['placement'])} gloo processes: "
                  f"{r['allreduce_s'] * 1e3:.3f} ms.\n")
     parts.append("### Measured against the ideal, and against backprop\n")
-    parts.append("*Ideal*: `lmrepro.rgc.schedule.ideal_step_time` of the stage times above: "
-                 "the workers run in parallel at their measured speed and wait only where the "
-                 "schedule makes them (the fill bubble of the first micro-batch, the drain of "
+    parts.append("*Ideal*: `lmrepro.rgc.analysis.schedule.ideal_step_time` of the stage times "
+                 "above: the workers run in parallel at their measured speed and wait only where "
+                 "the schedule makes them (the fill bubble of the first micro-batch, the drain of "
                  "the gradients with H > 1, the per-step all-reduce; with a stale consensus the "
                  "steps overlap). *bubble* = the ideal step's time the slowest worker is idle. "
                  "Backprop *same cores*: "
@@ -511,8 +511,8 @@ def section_rgc_paper_shape(r: dict | None, name: str) -> str:
            f"run (the first left out of the step times). Async: stages {r['placement']} on "
            f"workers of {r['threads']} threads; backprop: "
            f"{r['backprop_threads']} threads.\n",
-           "**Tensor-byte account** (MiB, `lmrepro.rgc.byte_account`, from the configuration; "
-           "*snapshot* is the end-of-run hand-over, outside the steps):\n"]
+           "**Tensor-byte account** (MiB, `lmrepro.rgc.analysis.byte_account`, from the "
+           "configuration; *snapshot* is the end-of-run hand-over, outside the steps):\n"]
     rows = [["backprop", *[_mib(acc["backprop"]["bytes"][k]) for k in kinds],
              _mib(acc["backprop"]["total"])]]
     for w in acc["async"]["workers"]:
@@ -581,7 +581,7 @@ def section_calibration(r: dict | None) -> str:
                 "exist. Run `sudo python bench/bench_scape_netns.py --calibrate` (about 10 min "
                 "on 2 cores, on a quiet machine), then this script.\n")
     sys.path.insert(0, str(REPO / "src"))
-    from lmrepro.scape.steptime_fit import calibrate
+    from lmrepro.scape.steptime.fit import calibrate
 
     cal = calibrate(r)
     parts = [head, f"Machine: {_machine(r['machine'])}. {_load_line(r)}.\n",

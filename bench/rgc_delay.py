@@ -1,7 +1,8 @@
 """docs/rgc.md, "The delay decided": the running-ahead delays of the executors' whole-backward
-rule against a per-hop rule, and what each holds in memory (:mod:`lmrepro.rgc.byte_account`), at
-the benchmark's shape (``rgc.json``) and the paper's (``rgc_paper_shape.json``) on its own
-4-worker placement. Pure arithmetic from the configurations. Called by make_performance_doc.py.
+rule against a per-hop rule, and what each holds in memory
+(:mod:`lmrepro.rgc.analysis.byte_account`), at the benchmark's shape (``rgc.json``) and the paper's
+(``rgc_paper_shape.json``) on its own 4-worker placement. Pure arithmetic from the configurations.
+Called by make_performance_doc.py.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lmrepro.rgc import byte_account as ba
+from lmrepro.rgc.analysis import byte_account as ba
 from lmrepro.rgc.config import RGCConfig
 
 MIB = 2**20
@@ -59,7 +60,8 @@ def rows(bench: dict[str, Any] | None, paper: dict[str, Any] | None) -> list[lis
 def section(bench: dict[str, Any] | None, paper: dict[str, Any] | None,
             table: Callable[[list[str], list[list[Any]]], str]) -> str:
     """The markdown section; ``table`` renders a markdown table in the page's style."""
-    head = "### The delay rules accounted (`lmrepro.rgc.byte_account`, `bench/rgc_delay.py`)\n\n"
+    head = ("### The delay rules accounted (`lmrepro.rgc.analysis.byte_account`, "
+            "`bench/rgc_delay.py`)\n\n")
     body = rows(bench, paper)
     if not body:
         return head + "Not run yet: `python bench/bench_rgc.py`.\n"

@@ -1,8 +1,9 @@
 """docs/rgc.md, "The throughput ratio decomposed": async RGC's tokens/s over backprop's as core
-ratio x work efficiency x utilisation x executor efficiency (:func:`lmrepro.rgc.schedule.decompose`)
-from the RGC benchmark's results (``rgc.json``, the paper-shape ``rgc_paper_shape.json``), the
-schedule model checked against the measured async step, and what the factors predict for the
-paper's 29-against-24-thread allocation beside its 1.382x. Called by make_performance_doc.py.
+ratio x work efficiency x utilisation x executor efficiency
+(:func:`lmrepro.rgc.analysis.schedule.decompose`) from the RGC benchmark's results (``rgc.json``,
+the paper-shape ``rgc_paper_shape.json``), the schedule model checked against the measured async
+step, and what the factors predict for the paper's 29-against-24-thread allocation beside its
+1.382x. Called by make_performance_doc.py.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lmrepro.rgc.speedup import (MODEL_TOLERANCE, PAPER_SPEEDUP, PAPER_THREADS,
-                                 benchmark_factors, prediction, step_s)
-from lmrepro.rgc.schedule import SpeedupFactors
+from lmrepro.rgc.analysis.speedup import (MODEL_TOLERANCE, PAPER_SPEEDUP, PAPER_THREADS,
+                                          benchmark_factors, prediction, step_s)
+from lmrepro.rgc.analysis.schedule import SpeedupFactors
 
 
 def _row(label: str, f: SpeedupFactors, measured: float) -> list[str]:
@@ -33,7 +34,7 @@ def section(r: dict[str, Any] | None, p: dict[str, Any] | None,
     miss = 1 - ideal / measured
     parts = [head,
              "Async RGC's tokens/s over backprop's is the product of four factors "
-             "(`lmrepro.rgc.schedule.decompose`): the **core ratio** (async cores over "
+             "(`lmrepro.rgc.analysis.schedule.decompose`): the **core ratio** (async cores over "
              "backprop's), the **work efficiency** (backprop's core-seconds per step over the "
              "async stages' compute, each measured alone at its worker's thread count: how much "
              "less CPU time small per-stage thread groups spend, readouts included), the "
@@ -44,7 +45,7 @@ def section(r: dict[str, Any] | None, p: dict[str, Any] | None,
              table(["backprop's cores", "core ratio", "work efficiency", "utilisation",
                      "executor efficiency", "product", "measured ratio"],
                     [_row(*x) for x in rows]),
-             f"\n\nThe schedule model (`lmrepro.rgc.schedule`) predicts the async step at "
+             f"\n\nThe schedule model (`lmrepro.rgc.analysis.schedule`) predicts the async step at "
              f"{ideal * 1e3:.1f} ms against {measured * 1e3:.1f} ms measured (from the median "
              f"tokens/s): {abs(miss):.1%} {'shorter' if miss > 0 else 'longer'}, "
              f"{'within' if abs(miss) <= MODEL_TOLERANCE else 'outside'} the "

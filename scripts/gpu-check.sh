@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the SCAPE wing, under 5 minutes: on a machine with CUDA it runs
-# `python -m lmrepro.scape.gpu_check` under torchrun with the NCCL backend (one worker per GPU,
-# at most GPU_CHECK_NPROC; world size 1 is enough), which checks the CUDA code paths of the
+# `python -m lmrepro.scape.train.gpu_check` under torchrun with the NCCL backend (one worker per
+# GPU, at most GPU_CHECK_NPROC; world size 1 is enough), which checks the CUDA code paths of the
 # optimizer library, SCAPE at sparsity 0 (dense) against AdamS on the GPU, and prints the step times and
 # bytes of SCAPE and the dense baselines. Without CUDA it says so and exits 0 without running.
 #
@@ -22,4 +22,4 @@ if [ "$NPROC" -gt "$NGPU" ]; then NPROC="$NGPU"; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 echo "gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ), $NGPU GPU(s), $NPROC worker(s), NCCL"
 exec timeout 300 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
-  -m lmrepro.scape.gpu_check --device cuda "$@"
+  -m lmrepro.scape.train.gpu_check --device cuda "$@"

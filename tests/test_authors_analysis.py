@@ -1,5 +1,5 @@
-"""What the authors' logs measured (lmrepro.scape.authors_analysis), the step-time model fitted
-to them (lmrepro.scape.steptime_logs) and the report section (lmrepro.scape.authors_report)."""
+"""What the authors' logs measured (lmrepro.scape.authors.analysis), the step-time model fitted
+to them (lmrepro.scape.authors.fit) and the report section (lmrepro.scape.authors.report)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 
 from lmrepro.errors import ParameterError
-from lmrepro.scape import authors_analysis as A
-from lmrepro.scape import authors_logs as L
-from lmrepro.scape import steptime_logs as F
-from lmrepro.scape import steptime_paper as P
-from lmrepro.scape.steptime import Cluster, Link, LocalWork, Options, predict
+from lmrepro.scape.authors import analysis as A
+from lmrepro.scape.authors import logs as L
+from lmrepro.scape.authors import fit as F
+from lmrepro.scape.steptime import paper as P
+from lmrepro.scape.steptime.model import Cluster, Link, LocalWork, Options, predict
 
 
 def _rows(run: str, method: str, world: int, its, ms, density=1.0, target=1.0, loss=None,
@@ -144,8 +144,8 @@ def test_the_fit_to_the_authors_logs_reproduces_its_inputs_and_predicts_the_rest
 
 
 def test_the_section_takes_its_numbers_from_the_table(tmp_path: Path) -> None:
-    from lmrepro.scape import authors_page as G
-    from lmrepro.scape import authors_report as R
+    from lmrepro.scape.authors import page as G
+    from lmrepro.scape.authors import report as R
 
     ev = R.evidence()
     df = ev["table"]

@@ -1,4 +1,4 @@
-"""The extractor of Megatron-LM logs (lmrepro.scape.authors_logs) on verbatim excerpts of the
+"""The extractor of Megatron-LM logs (lmrepro.scape.authors.logs) on verbatim excerpts of the
 SCAPE authors' logs (tests/fixtures/authors_logs), and the committed table of their Vista runs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from lmrepro.errors import ParameterError
-from lmrepro.scape import authors_logs as A
+from lmrepro.scape.authors import logs as A
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "authors_logs"
 DENSE32 = FIX / "baseline/AdamS/llama2-H2O-500M/llama2_500M_AdamS_1774499263.out"

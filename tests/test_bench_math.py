@@ -153,7 +153,7 @@ def test_the_rgc_speedup_factors_reproduce_the_benchmarks_own_ratios() -> None:
     import json
     from pathlib import Path
 
-    from lmrepro.rgc import speedup
+    from lmrepro.rgc.analysis import speedup
 
     bench = Path(__file__).resolve().parents[1] / "bench"
     r = json.loads((bench / "results" / "rgc.json").read_text())

@@ -52,9 +52,9 @@ def test_a_usage_error_is_one_line_with_a_hint(argv, prog, needle, capsys):
 
 
 def test_the_scape_worker_entry_has_the_same_one_line_errors(capsys):
-    from lmrepro.scape.worker import worker_main
+    from lmrepro.scape.train.worker import worker_main
 
-    prog = "python -m lmrepro.scape.worker"
+    prog = "python -m lmrepro.scape.train.worker"
     lines = _usage_error(worker_main, ["--corpus-dir", "c", "--out", "o", "--steps"], capsys)
     assert lines == [f"{prog}: error: argument --steps: expected one argument ({prog} --help "
                      "for more)"]

@@ -291,7 +291,7 @@ def test_the_check_follows_function_level_and_relative_imports() -> None:
     # import inside lmrepro.optim, and the trainer through a function-level import of the CLI
     reached_files = closure({"lmrepro.scape.stage"})
     assert PACKAGE / "optim" / "adams.py" in reached_files
-    assert PACKAGE / "scape" / "trainer.py" in closure({"lmrepro.scape.worker"})
+    assert PACKAGE / "scape" / "train" / "trainer.py" in closure({"lmrepro.scape.train.worker"})
     # and the wings, which every stage's program installs
     assert PACKAGE / "rgc" / "wing.py" in closure(stage_roots(STAGES["analysis_rgc"]))
     assert registered("claims") == {"lmrepro.scape.claims", "lmrepro.rgc.claims"}

@@ -6,7 +6,7 @@ Every import of a module counts, at module level or inside a function (a lazy im
 from the interpreter, not from the design), and so does every module named by a string: an
 argument of ``importlib.import_module`` or ``__import__``, a package's lazy exports
 (``_EXPORTS``), a module a wing's value names (``claims="lmrepro.scape.claims"``, a section's
-``"module:Class"``, a command's module) or a worker program (``-m lmrepro.scape.worker``): a
+``"module:Class"``, a command's module) or a worker program (``-m lmrepro.scape.train.worker``): a
 string constant that is exactly a module of the package, with or without ``:Name``.
 """
 
@@ -219,8 +219,8 @@ def test_the_graph_follows_import_strings() -> None:
     graph = module_graph()
     assert "lmrepro.scape.claims" in graph["lmrepro.scape.wing"]           # a wing's value
     assert "lmrepro.scape.config" in graph["lmrepro.scape.wing"]           # "module:Class"
-    assert "lmrepro.scape.worker" in graph["lmrepro.scape.launch"]         # a worker program
-    assert "lmrepro.rgc.runner" in graph["lmrepro.rgc"]                    # lazy exports
+    assert "lmrepro.scape.train.worker" in graph["lmrepro.scape.train.launch"]   # worker program
+    assert "lmrepro.rgc.executors.runner" in graph["lmrepro.rgc"]          # lazy exports
     assert "lmrepro.lifetime" in graph["lmrepro.pipeline.notebook"]        # __import__ in code
     source = ("import importlib\n"
               "def f():\n"
@@ -235,7 +235,7 @@ def test_the_graph_follows_import_strings() -> None:
 def test_no_import_cycle_between_files() -> None:
     """No module reaches itself through imports (at any level) or import strings: a shared
     piece two modules need lives below both (e.g. the SCAPE worker's flags in
-    ``scape/worker.py``, which both its launcher and the ``lmrepro`` subcommands import)."""
+    ``scape/train/worker.py``, which both its launcher and the ``lmrepro`` subcommands import)."""
     found = file_cycles(module_graph())
     assert not found, "import cycles between files: " + "; ".join(
         " -> ".join(short(m) for m in (*c, c[0])) for c in found)
@@ -274,12 +274,12 @@ def test_dependencies_point_downwards_from_the_wings() -> None:
 
 
 def test_a_scape_worker_loads_no_other_wing() -> None:
-    """The launcher's worker entry (``python -m lmrepro.scape.worker``) imports neither the RGC or
-    baseline wing nor the pipeline: every torchrun worker pays only for what it runs."""
+    """The launcher's worker entry (``python -m lmrepro.scape.train.worker``) imports neither the
+    RGC or baseline wing nor the pipeline: every torchrun worker pays only for what it runs."""
     import subprocess
     import sys
 
-    from lmrepro.scape.launch import ENTRY
+    from lmrepro.scape.train.launch import ENTRY
 
     code = ("import runpy, sys; sys.argv = ['x', '--help']\n"
             f"try: runpy.run_module({ENTRY[1]!r}, run_name='__main__')\n"

@@ -1,4 +1,4 @@
-"""SCAPE's mechanism contrasts read as sentences (lmrepro.scape.mechanism): each says no more
+"""SCAPE's mechanism contrasts read as sentences (lmrepro.scape.study.mechanism): each says no more
 than its one-sided bounds."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lmrepro.scape.mechanism import direction, sentence
+from lmrepro.scape.study.mechanism import direction, sentence
 
 
 def _row(mean: float, lower: float, upper: float, **kw) -> dict:
@@ -49,8 +49,8 @@ def test_the_published_contrasts_recompute_from_the_published_runs() -> None:
     import pandas as pd
 
     from lmrepro.pipeline.params import load_params
-    from lmrepro.scape.mechanism import contrast_table
-    from lmrepro.scape.scaling_report import study_runs
+    from lmrepro.scape.study.mechanism import contrast_table
+    from lmrepro.scape.study.report import study_runs
     from lmrepro.stats import StatsConfig
 
     stats = StatsConfig(**json.loads((PUB / "results" / "params.json").read_text())["stats"])
@@ -65,9 +65,9 @@ def test_the_published_contrasts_recompute_from_the_published_runs() -> None:
 
 
 def test_the_docs_section_is_generated_from_the_published_study() -> None:
-    """docs/scape.md's mechanism section is what python -m lmrepro.scape.mechanism_review
+    """docs/scape.md's mechanism section is what python -m lmrepro.scape.study.mechanism_review
     writes from published/mechanism (and the runs it shares with published/scaling)."""
-    from lmrepro.scape.mechanism_review import BEGIN, END, section
+    from lmrepro.scape.study.mechanism_review import BEGIN, END, section
 
     doc = (ROOT / "docs" / "scape.md").read_text(encoding="utf-8")
     in_doc = BEGIN + doc.split(BEGIN, 1)[1].split(END, 1)[0] + END
@@ -84,8 +84,8 @@ def test_no_claim_speaks_for_a_variant_of_its_method() -> None:
     import json
 
     from lmrepro.pipeline.params import load_params
-    from lmrepro.scape.mechanism import variants
-    from lmrepro.scape.scaling_report import study_runs, verdict_records
+    from lmrepro.scape.study.mechanism import variants
+    from lmrepro.scape.study.report import study_runs, verdict_records
     from lmrepro.stats import StatsConfig
 
     study = load_params(ROOT / "params.yaml", "mechanism").scape.scaling

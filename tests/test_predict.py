@@ -1,4 +1,4 @@
-"""The step-time model (lmrepro.scape.steptime), its calibration and ``lmrepro predict``."""
+"""The step-time model (lmrepro.scape.steptime.model), its calibration and ``lmrepro predict``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 
 from lmrepro.cli import main
 from lmrepro.errors import ParameterError
-from lmrepro.scape import steptime as S
-from lmrepro.scape import steptime_fit as F
-from lmrepro.scape import steptime_paper as P
+from lmrepro.scape.steptime import model as S
+from lmrepro.scape.steptime import fit as F
+from lmrepro.scape.steptime import paper as P
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "results" / "scape_netns.json"
@@ -340,7 +340,7 @@ def test_steptime_report_writes_its_products_and_says_when_not_calibrated(tmp_pa
     rows and the plot come from the model, with the paper's figures beside them."""
     import shutil
 
-    from lmrepro.scape import steptime_report as R
+    from lmrepro.scape.steptime import report as R
 
     # no benchmark result at all: not calibrated, no table
     empty = R.load_calibration(tmp_path / "none")

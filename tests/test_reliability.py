@@ -814,7 +814,7 @@ def scape_case(tmp_path_factory):
     from _dist_helpers import write_tiny_corpus
     from lmrepro.model import ModelConfig
     from lmrepro.scape.config import ScapeConfig, ScapeRun
-    from lmrepro.scape.launch import launch_train_scape
+    from lmrepro.scape.train.launch import launch_train_scape
 
     root = tmp_path_factory.mktemp("scape")
     corpus = write_tiny_corpus(root / "corpus")
@@ -829,7 +829,7 @@ def scape_case(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_scape_killed_at_the_end_resumes_to_the_same_complete_run(tmp_path, scape_case, phase):
-    from lmrepro.scape.launch import launch_train_scape
+    from lmrepro.scape.train.launch import launch_train_scape
 
     corpus, args, ref = scape_case
     tag = f"scape-{phase}-{os.getpid()}"
@@ -974,8 +974,8 @@ def test_pipeline_survives_sigkills_and_a_bad_parameter_keeps_every_product(tmp_
     from test_pipeline import copy_project
 
     from lmrepro.data.stage import load_splits
-    from lmrepro.rgc.runner import train as train_rgc
-    from lmrepro.scape.launch import launch_train_scape
+    from lmrepro.rgc.executors.runner import train as train_rgc
+    from lmrepro.scape.train.launch import launch_train_scape
 
     proj = copy_project(tmp_path / "proj")
     raw = yaml.safe_load((proj / "params.yaml").read_text())

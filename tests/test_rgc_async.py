@@ -15,8 +15,8 @@ from lmrepro.memory import multiprocessing_helper_pids
 from lmrepro.model import lm_loss
 from lmrepro.results import read_run
 from lmrepro.rgc import RGCConfig, StageWorkerError, train
-from lmrepro.rgc.recipe import batch_generator, build_model, lr_at, micro_batches, set_lr
-from lmrepro.rgc.sync import make_optimizers
+from lmrepro.rgc.core.recipe import batch_generator, build_model, lr_at, micro_batches, set_lr
+from lmrepro.rgc.executors.sync import make_optimizers
 from lmrepro.data.batches import sample_batch
 
 from _runs import latest_checkpoint
@@ -107,7 +107,7 @@ def test_async_equals_sync_for_each_horizon_and_placement(horizon: int,
 
 def reference_sum_of_local_losses(c: RGCConfig, delays: list[int] | None = None,
                                    staleness: int = 0) -> dict[str, torch.Tensor]:
-    """Independent of lmrepro.rgc.stages: every stage learns from backprop of sum_k L_k through
+    """Independent of lmrepro.rgc.core.stages: every stage learns from backprop of sum_k L_k through
     the whole model (``model(x, return_hidden=True)``), the decoder from the mean of the L_k
     (the consensus), with the executors' optimizers, schedule and batches. ``delays[k]``: stage
     k applies at step t the gradient computed at step t - delays[k] (none before); the decoder
@@ -290,7 +290,7 @@ def test_a_prepared_split_reaches_the_workers_by_its_file_not_its_bytes(tmp_path
     pickled instead of the split; the run equals one given the same bytes in memory."""
     import pickle
 
-    from lmrepro.rgc.wire import MappedBytes, by_reference, received
+    from lmrepro.rgc.executors.wire import MappedBytes, by_reference, received
 
     path = tmp_path / "train.bin"
     path.write_bytes(b"\0" * 7 + TRAIN.tobytes())

@@ -1,5 +1,5 @@
 """The async executor is asynchronous, shown on its own clock: every worker's timestamped
-compute events (lmrepro.rgc.events), and the (step, micro-batch, stage) tag each message
+compute events (lmrepro.rgc.executors.events), and the (step, micro-batch, stage) tag each message
 between workers carries."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from lmrepro.errors import ParameterError
 from lmrepro.lifetime import FAULT_ENV
 from lmrepro.rgc import RGCConfig, StageWorkerError, train
-from lmrepro.rgc import events as ev
-from lmrepro.rgc.wire import MessageMismatch, tagged, untag
+from lmrepro.rgc.executors import events as ev
+from lmrepro.rgc.executors.wire import MessageMismatch, tagged, untag
 
 torch.set_num_threads(1)
 

@@ -12,10 +12,10 @@ from lmrepro.errors import ParameterError
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.rgc import RGCConfig, ThreadOversubscriptionWarning, consensus_decoder_grad
 from lmrepro.rgc.config import check_threads
-from lmrepro.rgc.stages import (accumulate_rgc_grads, decoder_parameters, forward_stages,
-                                horizon_window, local_loss, run_stage, stage_backward,
-                                stage_bounds, stage_local_grads, stage_parameter_names,
-                                stage_parameters, window_bottom)
+from lmrepro.rgc.core.stages import (accumulate_rgc_grads, decoder_parameters, forward_stages,
+                                     horizon_window, local_loss, run_stage, stage_backward,
+                                     stage_bounds, stage_local_grads, stage_parameter_names,
+                                     stage_parameters, window_bottom)
 
 torch.set_num_threads(1)
 
@@ -206,7 +206,7 @@ def test_pipelined_backward_equals_the_windowed_local_gradients(n_stages: int, h
     gradients, gradients sent down grouped by the stage where they stop), run here in one
     process with the messages passed by hand, accumulates exactly the sync executor's
     gradients (``accumulate_rgc_grads``) for every horizon and placement, over 2 micro-batches."""
-    from lmrepro.rgc.worker_stages import WorkerStages
+    from lmrepro.rgc.executors.worker_stages import WorkerStages
 
     cfg = RGCConfig(model=ModelConfig(n_layers=n_stages, d_model=16, n_heads=2, context=12),
                     n_stages=n_stages, horizon=horizon, batch_size=4, micro_batches=2)
@@ -274,8 +274,8 @@ def test_a_worker_holds_only_its_stages_and_the_decoder() -> None:
     """The async worker's model (``own_stages_model``, from its part of the start state,
     ``worker_start``): the tensors of its stages and of the decoder, equal to the full model's,
     and nothing of the other stages; its stages compute what the full model's do."""
-    from lmrepro.rgc.async_ import worker_start
-    from lmrepro.rgc.worker_stages import own_stages_model
+    from lmrepro.rgc.executors.async_ import worker_start
+    from lmrepro.rgc.executors.worker_stages import own_stages_model
 
     cfg = RGCConfig(model=ModelConfig(n_layers=8, d_model=16, n_heads=2, context=12),
                     n_stages=4, batch_size=4, micro_batches=2, stages_per_worker=[1, 2, 1])

@@ -13,9 +13,9 @@ import pytest
 
 from lmrepro.memory_phases import END, EVALUATION, START, TRAINING, PhasedSampler
 from lmrepro.results import read_run
-from lmrepro.rgc.byte_account import explain_excess
+from lmrepro.rgc.analysis.byte_account import explain_excess
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.runner import train
+from lmrepro.rgc.executors.runner import train
 from lmrepro.rgc.stage import run_executors
 
 TEXT = (b"It is a truth universally acknowledged, that a single man in possession of a good "
@@ -119,7 +119,7 @@ def test_the_excess_table_reads_records_written_under_the_old_setting_names() ->
     """A published async run recorded ``threads_per_worker`` and ``worker_timeout_s`` (since
     renamed ``threads`` and ``timeout_s``); its byte account must still be computed, from the
     same settings."""
-    from lmrepro.rgc.report import excess_table
+    from lmrepro.rgc.analysis.report import excess_table
 
     c = cfg()
     settings = {k: v for k, v in c.to_dict().items() if k != "model"}

@@ -1,4 +1,5 @@
-"""The tensor-byte account of an RGC run (lmrepro.rgc.byte_account) against the real model."""
+"""The tensor-byte account of an RGC run (lmrepro.rgc.analysis.byte_account) against the real
+model."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import pytest
 import torch
 
 from lmrepro.model import lm_loss
-from lmrepro.rgc import byte_account as ba
-from lmrepro.rgc.recipe import build_model
+from lmrepro.rgc.analysis import byte_account as ba
+from lmrepro.rgc.core.recipe import build_model
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.stages import run_stage, stage_bounds, stage_parameters
+from lmrepro.rgc.core.stages import run_stage, stage_bounds, stage_parameters
 
 
 def tiny(n_layers: int = 4, context: int = 16, **kw: object) -> RGCConfig:

@@ -1,5 +1,5 @@
-"""The same-layout control (lmrepro.rgc.pipelined): global backprop pipelined over the async
-executor's worker processes computes what the backprop executor computes."""
+"""The same-layout control (lmrepro.rgc.executors.pipelined): global backprop pipelined over the
+async executor's worker processes computes what the backprop executor computes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lmrepro.rgc import RGCConfig, train
-from lmrepro.rgc.pipelined import pipelined_config
+from lmrepro.rgc.executors.pipelined import pipelined_config
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""RGC report tables (lmrepro.rgc.report): the memory split and the lockstep check."""
+"""RGC report tables (lmrepro.rgc.analysis.report): the memory split and the lockstep check."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from lmrepro.errors import ParameterError
-from lmrepro.rgc.report import lockstep_check, memory_split, memory_split_table, runs_table
+from lmrepro.rgc.analysis.report import lockstep_check, memory_split, memory_split_table, runs_table
 
 MIB = 2**20
 

@@ -1,4 +1,4 @@
-"""RGC's training-length study (lmrepro.rgc.scaling): its configuration, the run settings it
+"""RGC's training-length study (lmrepro.rgc.study.scaling): its configuration, the run settings it
 derives, the test split every run is scored on, resume and identity, and the pool."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_a_size_is_a_model_config_whose_own_rule_names_its_key_path() -> None:
 
 
 def test_run_config_scales_the_warmup_and_sets_the_run() -> None:
-    from lmrepro.rgc.scaling import run_config
+    from lmrepro.rgc.study.scaling import run_config
 
     suite = _suite()
     study = suite.scaling
@@ -92,7 +92,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
                                                                  tmp_path: Path) -> None:
-    from lmrepro.rgc.scaling import scaling_stage
+    from lmrepro.rgc.study.scaling import scaling_stage
 
     suite = _suite()
     out = scaling_stage(suite, prepared, tmp_path / "st")
@@ -141,7 +141,7 @@ def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
 
 def test_the_pool_trains_runs_two_at_a_time_with_the_same_results(prepared: Path,
                                                                    tmp_path: Path) -> None:
-    from lmrepro.rgc.scaling import scaling_stage
+    from lmrepro.rgc.study.scaling import scaling_stage
 
     one = scaling_stage(_suite(sweep_factors=[], lengths={"a": [3]}), prepared, tmp_path / "1")
     two = scaling_stage(_suite(sweep_factors=[], lengths={"a": [3]}, parallel=2), prepared,
@@ -161,8 +161,8 @@ def test_a_published_study_is_put_back_without_training(prepared: Path, tmp_path
     import shutil
 
     from lmrepro.errors import ParameterError
-    from lmrepro.rgc import scaling
-    from lmrepro.rgc.scaling import run_study
+    from lmrepro.rgc.study import scaling
+    from lmrepro.rgc.study.scaling import run_study
 
     suite = _suite(sweep_factors=[], lengths={"a": [3]})
     made = run_study(suite, prepared, tmp_path / "st")
@@ -190,7 +190,7 @@ def test_a_published_study_is_put_back_without_training(prepared: Path, tmp_path
 
 def test_a_profile_without_a_study_writes_a_plan_saying_so(prepared: Path, tmp_path: Path
                                                           ) -> None:
-    from lmrepro.rgc.scaling import scaling_stage
+    from lmrepro.rgc.study.scaling import scaling_stage
 
     suite = RGCSuite(**TINY, corpora=["c"], executors=["sync"])
     assert scaling_stage(suite, prepared, tmp_path / "st") == {}
@@ -202,8 +202,8 @@ def test_the_analysis_pairs_each_rgc_run_with_backprop_by_seed_on_the_test_split
         prepared: Path, tmp_path: Path) -> None:
     from lmrepro.data.ngram import corpus_floor
     from lmrepro.pipeline.claims import merge_records
-    from lmrepro.rgc.scaling import scaling_stage
-    from lmrepro.rgc.scaling_report import write_analysis
+    from lmrepro.rgc.study.scaling import scaling_stage
+    from lmrepro.rgc.study.report import write_analysis
     from lmrepro.stats import StatsConfig
 
     suite = _suite(sweep_factors=[], lengths={"a": [2, 3, 4]}, seeds={"a": [0, 1]})
@@ -248,7 +248,7 @@ def test_the_analysis_pairs_each_rgc_run_with_backprop_by_seed_on_the_test_split
 
 
 def test_a_run_sets_its_own_horizon_and_a_run_that_cannot_be_is_refused() -> None:
-    from lmrepro.rgc.scaling import run_config
+    from lmrepro.rgc.study.scaling import run_config
 
     runs = [*_study()["runs"], {"name": "rgc_H2", "executor": "sync", "horizon": 2,
                                 "consensus_staleness": 1, "lr": 0.003}]
@@ -274,8 +274,8 @@ def test_the_frontier_puts_each_runs_gap_beside_the_benchmarks_throughput_at_its
     import pandas as pd
 
     from lmrepro.data.ngram import corpus_floor
-    from lmrepro.rgc.scaling import scaling_stage
-    from lmrepro.rgc.scaling_report import frontier_figure, frontier_table, write_analysis
+    from lmrepro.rgc.study.scaling import scaling_stage
+    from lmrepro.rgc.study.report import frontier_figure, frontier_table, write_analysis
     from lmrepro.stats import StatsConfig
 
     runs = [{"name": "rgc", "executor": "sync", "lr": 0.003},

@@ -1,11 +1,12 @@
-"""The ideal-step model of the async schedule (lmrepro.rgc.schedule), on hand-computed cases."""
+"""The ideal-step model of the async schedule (lmrepro.rgc.analysis.schedule), on hand-computed
+cases."""
 
 from __future__ import annotations
 
 import pytest
 
 from lmrepro.errors import ParameterError
-from lmrepro.rgc.schedule import WorkerTimes, busy_step, ideal_step_time, simulate
+from lmrepro.rgc.analysis.schedule import WorkerTimes, busy_step, ideal_step_time, simulate
 
 
 def test_one_worker_is_its_own_compute_plus_the_consensus() -> None:
@@ -57,7 +58,7 @@ def test_oversubscribed_threads_stretch_the_compute() -> None:
 
 
 def test_the_speedup_factors_multiply_to_the_measured_ratio() -> None:
-    from lmrepro.rgc.schedule import decompose
+    from lmrepro.rgc.analysis.schedule import decompose
 
     f = decompose(backprop_step_s=0.227, backprop_cores=24 / 29 * 2, async_step_s=0.183,
                   ideal_step_s=0.167, busy_core_s=0.31, async_cores=2.0)
@@ -70,7 +71,7 @@ def test_the_speedup_factors_multiply_to_the_measured_ratio() -> None:
 
 def test_decompose_refuses_a_non_positive_time() -> None:
     from lmrepro.errors import ParameterError
-    from lmrepro.rgc.schedule import decompose
+    from lmrepro.rgc.analysis.schedule import decompose
 
     with pytest.raises(ParameterError, match="ideal_step_s"):
         decompose(1.0, 2.0, 0.5, 0.0, 1.0, 2.0)

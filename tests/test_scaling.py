@@ -1,4 +1,4 @@
-"""SCAPE's training-length study (lmrepro.scape.scaling and scaling_report), the n-gram floor
+"""SCAPE's training-length study (lmrepro.scape.study.scaling and study.report), the n-gram floor
 (lmrepro.data.ngram), profile selection by LMREPRO_PROFILE and the README section a published
 study writes."""
 
@@ -122,7 +122,8 @@ def test_a_runs_own_dense_steps_and_momentum_rule_reach_its_worker() -> None:
 
     from lmrepro.config import from_arguments
     from lmrepro.model import ModelConfig
-    from lmrepro.scape import cli, worker
+    from lmrepro.scape import cli
+    from lmrepro.scape.train import worker
     from lmrepro.scape.config import ScapeConfig, ScapeRun
 
     parser = argparse.ArgumentParser()
@@ -147,7 +148,7 @@ def test_an_unset_knob_leaves_the_identity_of_runs_made_before_it(
     """A run's knob left unset (None: the method's own behaviour) is not in its point's
     identity, so a knob added later keeps the runs made before it; a set knob is."""
     from lmrepro.scape.config import ScalingStudy, ScapeConfig, ScapeRun
-    from lmrepro.scape import scaling
+    from lmrepro.scape.study import scaling
 
     monkeypatch.setattr(scaling, "data_identity", lambda *a: {})
     study = scaling.ScapeStudy(ScalingStudy(**_mechanism_raw()), ScapeConfig(steps=10),
@@ -162,7 +163,7 @@ def test_an_unset_knob_leaves_the_identity_of_runs_made_before_it(
 
 def test_warm_ups_scale_with_the_run() -> None:
     from lmrepro.scape.config import ScapeConfig
-    from lmrepro.scape.scaling import scaled_settings
+    from lmrepro.scape.study.scaling import scaled_settings
 
     s = scaled_settings(ScapeConfig(), 3000, 0.05, 0.1)
     assert (s.steps, s.warmup_steps, s.sparsity_warmup_steps) == (3000, 150, 300)
@@ -193,8 +194,8 @@ TINY = {"n_layers": 1, "d_model": 16, "n_heads": 2, "context": 16, "mlp_ratio": 
 def test_a_tiny_study_runs_resumes_and_is_analysed(tmp_path: Path) -> None:
     from lmrepro.data.prepare import prepare_corpus
     from lmrepro.scape.config import ScapeSuite
-    from lmrepro.scape.scaling import run_study
-    from lmrepro.scape.scaling_report import README_SECTION, write_analysis
+    from lmrepro.scape.study.scaling import run_study
+    from lmrepro.scape.study.report import README_SECTION, write_analysis
 
     text = (ROOT / "data/embedded/shakespeare.txt").read_bytes()[:400_000]
     (tmp_path / "raw.txt").write_bytes(text)
@@ -247,7 +248,7 @@ def test_a_tiny_study_runs_resumes_and_is_analysed(tmp_path: Path) -> None:
     assert "{published}/reports/11_analysis_scaling.html" in section and "| a | 6 |" in section
     # what the report shows: gaps as signed percentages under registered headers
     from lmrepro.pipeline.tables import format_table, sig3, signed
-    from lmrepro.scape.scaling_report import DISPLAY, for_display
+    from lmrepro.scape.study.report import DISPLAY, for_display
 
     for name in ("gaps", "ablations", "trend", "diagnostics"):
         if len(out["tables"][name]):    # (a 2-length study fits no trend)
@@ -311,7 +312,7 @@ def test_publishing_a_study_fills_its_readme_section(tmp_path: Path) -> None:
 def test_the_gap_plot_legend_names_every_method_of_any_size() -> None:
     import pandas as pd
 
-    from lmrepro.scape.scaling_plots import gap_vs_length
+    from lmrepro.scape.study.plots import gap_vs_length
 
     rows = [{"size": size, "steps": steps, "candidate": cand, "baseline": "adams",
              "mean": 0.1, "lower": 0.05, "upper": 0.15}

@@ -33,7 +33,7 @@ def test_sweep_grid_must_be_log_spaced_and_long_enough():
 
 
 def test_select_best_ignores_diverged_and_prefers_lower_bpb():
-    from lmrepro.scape.sweep import apply_best, select_best, sweep_table
+    from lmrepro.scape.train.sweep import apply_best, select_best, sweep_table
     from lmrepro.scape.config import ScapeRun, ScapeSweep
 
     rows = [{"run": "a", "lr": 1e-3, "final_bpb": 3.0, "diverged_at_step": None},
@@ -62,10 +62,11 @@ def test_stage_runs_the_sweep_then_the_suite_at_the_winners(corpus, tmp_path, mo
     """A real sweep and suite through lmrepro.scape.stage (world 1, each run trained in this
     process instead of under torchrun), then the SCAPE report and the docs section from them."""
     from lmrepro.model import ModelConfig
-    from lmrepro.scape import launch, report
+    from lmrepro.scape.analysis import report
+    from lmrepro.scape.train import launch
     from lmrepro.scape.config import ScapeRun, ScapeSuite, ScapeSweep
     from lmrepro.scape.stage import run_suite
-    from lmrepro.scape.trainer import RunTarget, train
+    from lmrepro.scape.train.trainer import RunTarget, train
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
@@ -142,7 +143,7 @@ def test_gpu_check_script_reports_a_missing_interpreter():
 def test_gpu_check_dry_run_on_cpu(monkeypatch, capsys):
     """The GPU check's own checks, run on the CPU (gloo-less world of one): they pass, and
     they are real: a SCAPE that drifts from AdamS fails them."""
-    from lmrepro.scape import gpu_check
+    from lmrepro.scape.train import gpu_check
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)

@@ -27,10 +27,11 @@ def corpus(tmp_path_factory):
 
 
 def _run(corpus, out, optimizer, sparsity=0.0, **kw):
-    """``(settings, run, model, target)`` of one run, for :func:`lmrepro.scape.trainer.train`."""
+    """``(settings, run, model, target)`` of one run, for
+    :func:`lmrepro.scape.train.trainer.train`."""
     from lmrepro.model import ModelConfig
     from lmrepro.scape.config import ScapeConfig, ScapeRun
-    from lmrepro.scape.trainer import RunTarget
+    from lmrepro.scape.train.trainer import RunTarget
 
     return (ScapeConfig(**{**COMMON, **kw}), ScapeRun(optimizer=optimizer, sparsity=sparsity),
             ModelConfig(**TINY), RunTarget(corpus_dir=str(corpus), out=str(out), seed=SEED))
@@ -45,7 +46,7 @@ METHODS = [("adamw", 0.0, {}), ("adams", 0.0, {}), ("topk", 0.99, {}),
 def test_single_process_run_layout(corpus, tmp_path, monkeypatch, optimizer, sparsity, variant):
     """World of one without torchrun (local collectives); results in the lmrepro.results layout
     with the sparse methods' sparsity, coverage and residual per step."""
-    from lmrepro.scape.trainer import train
+    from lmrepro.scape.train.trainer import train
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
@@ -89,7 +90,7 @@ def test_single_process_run_layout(corpus, tmp_path, monkeypatch, optimizer, spa
 def test_divergence_is_recorded_not_raised(corpus, tmp_path, monkeypatch):
     """A non-finite loss stops the run where it happens: the summary says so (no final_bpb), the
     step before is the last logged, and train() returns normally so a suite goes on."""
-    from lmrepro.scape.trainer import train
+    from lmrepro.scape.train.trainer import train
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
@@ -104,7 +105,7 @@ def test_divergence_is_recorded_not_raised(corpus, tmp_path, monkeypatch):
 
 
 def test_bad_input(corpus, tmp_path):
-    from lmrepro.scape.trainer import train
+    from lmrepro.scape.train.trainer import train
 
     with pytest.raises(ParameterError, match="sparsity.*dense"):
         train(*_run(corpus, tmp_path / "a", "adamw", 0.9))
@@ -136,7 +137,7 @@ def test_kill_worker_then_resume_is_bit_identical(corpus, tmp_path):
     """kill -9 of rank 1 mid-run (after a checkpoint), torchrun tears the job down; relaunching
     resumes from the checkpoint and ends with exactly the uninterrupted run's parameters,
     per-step losses and eval losses."""
-    from lmrepro.scape.launch import launch_train_scape
+    from lmrepro.scape.train.launch import launch_train_scape
 
     cfg, run, model, _ = _run(corpus, tmp_path, "scape", 0.9, checkpoint_every=4,
                               dense_steps=1, sparsity_warmup_steps=4)
@@ -206,7 +207,8 @@ def test_cli_flags_and_launch_helpers(tmp_path, monkeypatch):
     import argparse
 
     from lmrepro.model import ModelConfig
-    from lmrepro.scape import cli, launch, worker
+    from lmrepro.scape import cli
+    from lmrepro.scape.train import launch, worker
     from lmrepro.scape.config import ScapeConfig, ScapeRun, ScapeSuite
 
     parser = argparse.ArgumentParser()
@@ -232,7 +234,7 @@ def test_cli_flags_and_launch_helpers(tmp_path, monkeypatch):
                                                     "1.5"]))
     cmd = launch.torchrun_command(2, ["--x"], nnodes=2, node_rank=1, rdzv_endpoint="h:29500")
     assert cmd[cmd.index("--rdzv-endpoint") + 1] == "h:29500" and "--standalone" not in cmd
-    assert "lmrepro.scape.worker" in cmd and cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert "lmrepro.scape.train.worker" in cmd and cmd[cmd.index("--nproc-per-node") + 1] == "2"
 
     suite = ScapeSuite(world_size=3, steps=5, batch_size=2, lr=0.01, warmup_steps=0, corpus="x",
                        runs=[ScapeRun(name="a", optimizer="adamw"),
@@ -260,7 +262,7 @@ def test_cli_flags_and_launch_helpers(tmp_path, monkeypatch):
 def test_divergence_on_one_rank_under_torchrun(corpus, tmp_path):
     """Rank 1's loss turns NaN: every rank stops at that step (the optimizer raises on all of
     them at once), the job exits 0 and the summary records the divergence."""
-    from lmrepro.scape.launch import launch_train_scape
+    from lmrepro.scape.train.launch import launch_train_scape
 
     cfg, run, model, _ = _run(corpus, tmp_path, "topk", 0.99, steps=8)
     out = launch_train_scape(corpus, tmp_path / "div", 2, cfg, run, model, seed=SEED,
@@ -340,7 +342,7 @@ def test_evaluations_along_a_wsd_run_change_none_of_its_numbers(corpus, tmp_path
     """``eval_at``: rank 0 scores the validation and test splits after the listed step counts
     (a loss curve); the run's per-step losses, lrs and final model equal a run without them, and
     the wsd schedule holds its lr until the decay."""
-    from lmrepro.scape.launch import launch_train_scape
+    from lmrepro.scape.train.launch import launch_train_scape
 
     cfg, run, model, _ = _run(corpus, tmp_path, "scape", 0.9, lr_schedule="wsd",
                               decay_fraction=0.25, sparsity_warmup_steps=3)

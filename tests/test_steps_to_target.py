@@ -136,11 +136,11 @@ def test_the_published_length_trend_fails_its_lack_of_fit_test_and_is_not_extrap
 
 def test_the_docs_review_of_the_published_study_is_what_the_code_computes():
     """docs/scape.md's scaling-review section is regenerated from published/scaling by today's
-    analysis (python -m lmrepro.scape.scaling_review --doc docs/scape.md)."""
+    analysis (python -m lmrepro.scape.study.review --doc docs/scape.md)."""
     import json
     from pathlib import Path
 
-    from lmrepro.scape.scaling_review import BEGIN, END, section
+    from lmrepro.scape.study.review import BEGIN, END, section
     from lmrepro.stats import StatsConfig
 
     root = Path(__file__).resolve().parents[1]
@@ -176,7 +176,7 @@ def test_the_claims_show_the_final_loss_multiplier_beside_the_gap():
 
     from lmrepro.pipeline.claims import ni_text
     from lmrepro.pipeline.records import AnalysisRecords
-    from lmrepro.scape.scaling_report import with_multipliers
+    from lmrepro.scape.study.report import with_multipliers
 
     pub = Path(__file__).resolve().parents[1] / "published" / "horizon" / "results" / \
         "analysis" / "scaling"

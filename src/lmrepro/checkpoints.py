@@ -124,7 +124,7 @@ class Checkpoints:
         fault_point(f"checkpoint-published@{step}")   # test hook: killed right after a checkpoint
         for old in self.folder.glob("step_*"):
             # only older ones: a newer step's folder may already hold the parts of processes
-            # running ahead (lmrepro.rgc.async_)
+            # running ahead (lmrepro.rgc.executors.async_)
             if old.name < name:
                 shutil.rmtree(old, ignore_errors=True)
 

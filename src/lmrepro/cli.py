@@ -4,10 +4,10 @@
     lmrepro notebook notebooks/03_train_baseline.ipynb [--reports reports] [-p key value ...]
     lmrepro train    [--params params.yaml] [--profile NAME]     # baseline; baseline.cli
     lmrepro install-corpus | fetch | prepare                     # see lmrepro.data.cli
-    lmrepro train-scape ...                                      # under torchrun; scape.worker
+    lmrepro train-scape ...                                      # torchrun; scape.train.worker
     lmrepro train-rgc ...                                        # rgc.cli
-    lmrepro predict  [--model-params N ...] [--json]             # step-time model; predict_cli
-    lmrepro authors-logs DIR --out CSV [--provenance JSON]      # Megatron logs; authors_logs
+    lmrepro predict  [--model-params N ...] [--json]             # scape.steptime.predict_cli
+    lmrepro authors-logs DIR --out CSV [--provenance JSON]      # Megatron logs; scape.authors.logs
     lmrepro report   [--reports reports]                         # reports/index.html
     lmrepro publish  [--dest published/<profile>] [--pages-only] # a finished run's products
     lmrepro timing-history published/<profile> ...               # record sessions' timings

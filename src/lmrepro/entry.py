@@ -5,7 +5,7 @@ of the machine or the data (a full disk, a corrupt download, a NaN about to be w
 A notebook that failed on one of these errors is reported the same way.
 
 Shared by the ``lmrepro`` command (:mod:`lmrepro.cli`) and the commands that run without it
-(``python -m lmrepro.scape.worker``, the SCAPE worker under torchrun).
+(``python -m lmrepro.scape.train.worker``, the SCAPE worker under torchrun).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def notebook_error(err: BaseException) -> NotebookError | None:
 def execute(args: argparse.Namespace) -> int:
     """Run the parsed command ``args.func``: logging set up, our errors as one line with their
     exit status (the module docstring). Also the entry of a command run without the rest of the
-    CLI (``python -m lmrepro.scape.worker``, the SCAPE worker)."""
+    CLI (``python -m lmrepro.scape.train.worker``, the SCAPE worker)."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from lmrepro.io import DamagedFileError, DiskFullError, NonFiniteError

@@ -7,7 +7,7 @@ own (so a terminal's signals and a process-group kill do not reach them)::
       └ $SHELL -c "lmrepro notebook ..."      (bash execs the command; dash does not)
           └ lmrepro notebook                   papermill, the stage process
               └ ipykernel kernel               own session (jupyter_client)
-                  ├ torchrun agent             own session (scape.launch)
+                  ├ torchrun agent             own session (scape.train.launch)
                   │   └ train-scape workers    own sessions (torch elastic)
                   └ multiprocessing forkserver
                       └ RGC async stage workers

@@ -117,9 +117,9 @@ def memory(records: AnalysisRecords) -> list[Measured]:
 def paper_ratio(records: AnalysisRecords) -> list[Measured]:
     """The RGC benchmark's async/backprop tokens/s at the paper's 29:24 core ratio (backprop
     under a CPU quota), decomposed into its factors, with the factors' prediction for the
-    paper's machine (:mod:`lmrepro.rgc.speedup`), judged by :data:`THROUGHPUT`. Shown beside a
-    profile's own async-vs-backprop throughput (not run where the profile runs none)."""
-    from lmrepro.rgc import speedup
+    paper's machine (:mod:`lmrepro.rgc.analysis.speedup`), judged by :data:`THROUGHPUT`. Shown
+    beside a profile's own async-vs-backprop throughput (not run where the profile runs none)."""
+    from lmrepro.rgc.analysis import speedup
 
     r = speedup.load("rgc")
     if r is None or not resources(records, ROLE_RGC_ASYNC, ROLE_BACKPROP):

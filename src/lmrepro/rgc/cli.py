@@ -73,8 +73,8 @@ def load_data(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lmrepro.rgc.run_memory import mark_fresh_process
-    from lmrepro.rgc.runner import train
+    from lmrepro.rgc.core.run_memory import mark_fresh_process
+    from lmrepro.rgc.executors.runner import train
 
     mark_fresh_process()          # one run per invocation: this process is its tree's root
     cfg = config_from_args(args)
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 def run_scaling(args: argparse.Namespace) -> int:
     from lmrepro.errors import check
     from lmrepro.pipeline.params import load_params
-    from lmrepro.rgc.scaling import run_study
+    from lmrepro.rgc.study.scaling import run_study
 
     params = load_params(args.params, args.profile)
     check(params.rgc.scaling is not None, "rgc.scaling", None,
@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_arguments(p)
     p.set_defaults(func=run)
     p = subparsers.add_parser("rgc-scaling", help="run or resume the training-length study of "
-                              "rgc.scaling (lmrepro.rgc.scaling)")
+                              "rgc.scaling (lmrepro.rgc.study.scaling)")
     p.add_argument("--params", default="params.yaml", help="parameter file")
     p.add_argument("--profile", default=None, help="profile in params.yaml (e.g. rgc_scaling)")
     p.add_argument("--out", default="results/rgc_scaling", help="the study's stage directory")

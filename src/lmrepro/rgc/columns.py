@@ -1,5 +1,5 @@
 """The RGC wing's table vocabulary: the columns of its training-length study's tables
-(:data:`lmrepro.rgc.scaling_report.DISPLAY`, notebook 13), declared to the pipeline by
+(:data:`lmrepro.rgc.study.report.DISPLAY`, notebook 13), declared to the pipeline by
 :mod:`lmrepro.rgc.wing` (``Wing.tables``); the study columns every wing shares are
 :data:`lmrepro.pipeline.tables.COLUMNS`'."""
 
@@ -10,7 +10,7 @@ from lmrepro.pipeline.tables import Column, integer, sig3, text
 COLUMNS: dict[str, Column] = {
     "backprop_test_bpb": Column("backprop (bits/byte, test)", sig3),
     "rgc_test_bpb": Column("RGC run (bits/byte, test)", sig3),
-    # the frontier at the verdict point (scaling_report.frontier_table)
+    # the frontier at the verdict point (study.report.frontier_table)
     "horizon": Column("H", integer),
     "consensus_staleness": Column("s", integer),
     "tokens_per_s_vs_backprop": Column("tokens/s x backprop (benchmark)", sig3),

@@ -213,7 +213,7 @@ class RGCConfig(TrainingConfig):
         return self.batch_size // self.micro_batches
 
 
-# -- the training-length study (lmrepro.rgc.scaling) ------------------------------------------
+# -- the training-length study (lmrepro.rgc.study.scaling) -----------------------------------------
 
 class RGCStudyRun(Section):
     """One method of the study: an executor, its horizon and consensus staleness, its lr."""
@@ -299,7 +299,7 @@ class RGCSuite(RGCConfig):
     executors: list[Literal["async", "sync", "backprop"]] = Field(
         min_length=1, description="async RGC, sync RGC and/or global backprop")
     scaling: RGCScaling | None = Field(default=None, description="the training-length study "
-                                       "(lmrepro.rgc.scaling; null: none in this profile)")
+                                       "(lmrepro.rgc.study.scaling; null: none in this profile)")
 
     @model_validator(mode="after")
     def _study_shapes(self) -> RGCSuite:

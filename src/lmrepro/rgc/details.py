@@ -10,7 +10,7 @@ from lmrepro.results import RunDetails
 
 
 class RGCDetails(RunDetails):
-    """Written by :func:`lmrepro.rgc.result.summary_fields` and ``finish``."""
+    """Written by :func:`lmrepro.rgc.core.result.summary_fields` and ``finish``."""
 
     executor: str | None = None                   # async | sync | backprop | pipelined_backprop
     threads_per_process: list[int] | None = None

@@ -14,10 +14,10 @@ from lmrepro.runlock import holds_writer_lock
 from lmrepro.results import SUMMARY, read_run
 from lmrepro.pipeline.stage_products import write_stage_products
 from lmrepro.rundirs import prepare_runs_dir, seed_dir
-from lmrepro.rgc.corpus import check_data
+from lmrepro.rgc.core.corpus import check_data
 from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor
-from lmrepro.rgc.isolated import train_in_fresh_process
-from lmrepro.rgc.runner import train
+from lmrepro.rgc.executors.isolated import train_in_fresh_process
+from lmrepro.rgc.executors.runner import train
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ def run_executors(train_data: np.ndarray, val_data: np.ndarray, corpus: str,
     """Each executor into ``out_root/<name>`` (``rgc-async``, ``rgc-sync``, ``backprop``). A run
     whose ``summary.json`` exists is read back; a run with only a checkpoint resumes.
     ``test_data``: the test split, scored at the end of each run. ``fresh_process``: each run
-    in a new interpreter of its own (:mod:`lmrepro.rgc.isolated`), so that no earlier run's
-    allocations or torch state count in its memory; False: in this process (the same results).
+    in a new interpreter of its own (:mod:`lmrepro.rgc.executors.isolated`), so that no earlier
+    run's allocations or torch state count in its memory; False: in this process (the same results).
     Returns ``{executor: summary}``."""
     out_root = Path(out_root)
     summaries: dict[str, dict] = {}

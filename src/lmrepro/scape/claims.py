@@ -118,7 +118,7 @@ def downstream(records: AnalysisRecords) -> list[Measured]:
 def predicted_scaling(records: AnalysisRecords) -> list[Measured]:
     """The weak-scaling row, predicted at the paper's scale by the step-time model
     (docs/steptime.md): pure arithmetic, independent of our runs."""
-    from lmrepro.scape import steptime_paper as sp
+    from lmrepro.scape.steptime import paper as sp
 
     text, value, verdict = sp.predicted_scaling()
     return [Measured("", text, value, verdict, "step-time model, 8-128 GH200", (),
@@ -157,8 +157,8 @@ def _from_logs(which: str) -> Callable[[AnalysisRecords], list[Measured]]:
     """A row measured in the authors' logs, our model fitted to them beside it (pure reading
     of the committed table, independent of our runs)."""
     def measure(records: AnalysisRecords) -> list[Measured]:
-        from lmrepro.scape import authors_report as ar
-        from lmrepro.scape import steptime_paper as sp
+        from lmrepro.scape.authors import report as ar
+        from lmrepro.scape.steptime import paper as sp
 
         ev = ar.evidence()
         p = ev["paper"]

@@ -1,22 +1,22 @@
 """The SCAPE wing's subcommands of the ``lmrepro`` command:
 
 * ``lmrepro train-scape ...``: one worker of a distributed run, started by ``torchrun`` (the
-  program of :mod:`lmrepro.scape.worker`, whose flags and docstring say more);
+  program of :mod:`lmrepro.scape.train.worker`, whose flags and docstring say more);
 * ``lmrepro scaling``: run or resume the training-length study of ``scape.scaling``
-  (:mod:`lmrepro.scape.scaling`).
+  (:mod:`lmrepro.scape.study.scaling`).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from lmrepro.scape import worker
+from lmrepro.scape.train import worker
 
 
 def run_scaling(args: argparse.Namespace) -> int:
     from lmrepro.errors import check
     from lmrepro.pipeline.params import load_params
-    from lmrepro.scape.scaling import run_study
+    from lmrepro.scape.study.scaling import run_study
 
     params = load_params(args.params, args.profile)
     check(params.scape.scaling is not None, "scape.scaling", None,
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     worker.add_run_arguments(p)
     p.set_defaults(func=worker.run)
     p = subparsers.add_parser("scaling", help="run or resume the training-length study of "
-                              "scape.scaling (lmrepro.scape.scaling)")
+                              "scape.scaling (lmrepro.scape.study.scaling)")
     p.add_argument("--params", default="params.yaml", help="parameter file")
     p.add_argument("--profile", default=None, help="profile in params.yaml (e.g. scaling)")
     p.add_argument("--out", default="results/scaling", help="the study's stage directory")

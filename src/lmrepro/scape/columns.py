@@ -1,5 +1,5 @@
 """The SCAPE wing's table vocabulary: the columns and presets of the step-time model's tables
-(:mod:`lmrepro.scape.steptime_report`, notebook 09), declared to the pipeline by
+(:mod:`lmrepro.scape.steptime.report`, notebook 09), declared to the pipeline by
 :mod:`lmrepro.scape.wing` (:attr:`lmrepro.pipeline.registry.Wing.tables`) and read by
 :func:`lmrepro.pipeline.tables.column` and :func:`~lmrepro.pipeline.tables.format_table`."""
 
@@ -41,7 +41,7 @@ COLUMNS: dict[str, Column] = {
     "speedup_at_400_gbit": Column("speed-up at 400 Gbit/s (x)", sig3),
     "gbit_for_paper_speedup": Column("network rate for 3.26x (Gbit/s per node)", sig3),
     "break_even_gbit": Column("SCAPE slower above (Gbit/s per node)", sig3),
-    # the training-length study (lmrepro.scape.scaling_report.DISPLAY; its shared columns are
+    # the training-length study (lmrepro.scape.study.report.DISPLAY; its shared columns are
     # lmrepro.pipeline.tables')
     "dense_test_bpb": Column("dense (bits/byte, test)", sig3),
     "extrapolated_gap": Column("EXTRAPOLATED gap at 100k steps (%)", SIGNED_PERCENT),
@@ -59,7 +59,7 @@ COLUMNS: dict[str, Column] = {
     "multiplier_upper": Column("high (x)", sig3),
     "not_reached": Column("seeds not reaching it", integer),
     "dense_steps": Column("dense AdamS steps (mean)", sig3),
-    # the mechanism contrasts (lmrepro.scape.mechanism)
+    # the mechanism contrasts (lmrepro.scape.study.mechanism)
     "isolates": Column("what differs", text, False),
     "candidate_gap_to_adams": Column("candidate vs AdamS (%)", SIGNED_PERCENT),
     "baseline_gap_to_adams": Column("baseline vs AdamS (%)", SIGNED_PERCENT),
@@ -76,7 +76,7 @@ COLUMNS: dict[str, Column] = {
     "reentry_gap": Column("steps out before re-entering", sig3),
     "residual_norm": Column("residual norm", sig3),
     "coverage_at_target": Column("ever selected at target sparsity (%)", PERCENT),
-    # what the SCAPE authors' logs measured (lmrepro.scape.authors_report)
+    # what the SCAPE authors' logs measured (lmrepro.scape.authors.report)
     "phase": Column("phase", text, False),
     "band": Column("density band", text, False),
     "median_s": Column("median step (s)", sig3),

@@ -5,7 +5,7 @@ same names): the schedule, the clipping, the weight decay and SCAPE's own option
 schedule, bias correction, 1-D exclusion), so that every method of the comparison trains under
 the same harness. :class:`ScapeRun` holds what one run chooses: the method, its sparsity, its mask
 rule or inner optimizer, and its own learning rate. :class:`ScapeSweep` is the optional
-learning-rate sweep (:mod:`lmrepro.scape.sweep`), :class:`ScapeSuite` the whole section.
+learning-rate sweep (:mod:`lmrepro.scape.train.sweep`), :class:`ScapeSuite` the whole section.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ class ScapeRun(Section):
 
 
 class ScapeSweep(Section):
-    """The learning-rate sweep (:mod:`lmrepro.scape.sweep`): every run of the suite at every
+    """The learning-rate sweep (:mod:`lmrepro.scape.train.sweep`): every run of the suite at every
     ``lrs`` value, shorter, on a seed the suite does not use; the best value per run is the one
     with the lowest final validation loss (a diverged run never wins)."""
 
@@ -327,7 +327,8 @@ class ScapeSuite(ScapeConfig):
     sweep: ScapeSweep | None = Field(default=None, description="learning-rate sweep run before "
                                      "the suite (null: none; the runs' lrs are used)")
     scaling: ScalingStudy | None = Field(default=None, description="the training-length study "
-                                         "(lmrepro.scape.scaling; null: none in this profile)")
+                                         "(lmrepro.scape.study.scaling; null: none in this "
+                                         "profile)")
 
     @model_validator(mode="after")
     def _unique_names(self) -> ScapeSuite:

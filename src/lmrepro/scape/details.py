@@ -21,7 +21,8 @@ def sparsity_from_density(data: Any) -> Any:
 
 
 class ScapeDetails(RunDetails):
-    """Written by :mod:`lmrepro.scape.trainer` (``None``: does not apply to the run's method)."""
+    """Written by :mod:`lmrepro.scape.train.trainer` (``None``: does not apply to the run's
+    method)."""
 
     sparsity: float | None = None              # the target fraction not sent (dense: 0)
     peak_rss_bytes_per_rank: list[int] | None = None

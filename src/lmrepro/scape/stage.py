@@ -14,8 +14,8 @@ from lmrepro.runlock import holds_writer_lock
 from lmrepro.pipeline.stage_products import write_stage_products
 from lmrepro.rundirs import prepare_runs_dir, seed_dir
 from lmrepro.scape.config import ScapeRun, ScapeSuite
-from lmrepro.scape.launch import run_scape_suite
-from lmrepro.scape.sweep import apply_best, run_sweep
+from lmrepro.scape.train.launch import run_scape_suite
+from lmrepro.scape.train.sweep import apply_best, run_sweep
 
 log = logging.getLogger(__name__)
 

@@ -58,5 +58,6 @@ WING = Wing(
     report=Report(scale, metrics=("results/scape/metrics.json",),
                   analyses=("results/analysis/scape/analysis.json",),
                   extra=("results/steptime/predictions.json",)),
-    commands=("lmrepro.scape.cli", "lmrepro.scape.predict_cli", "lmrepro.scape.authors_logs"),
+    commands=("lmrepro.scape.cli", "lmrepro.scape.steptime.predict_cli",
+              "lmrepro.scape.authors.logs"),
 )

@@ -1,0 +1,499 @@
+"""The analysis of SCAPE's training-length study (:mod:`lmrepro.scape.study.scaling`).
+
+Every quality figure here is judged on the **test** split (the lr sweep chose on the validation
+split) with the seed as the unit (:func:`lmrepro.stats.noninferiority`: a one-sided t interval on
+the per-seed mean relative differences, a sign-flip p-value). Per model size and training length:
+the gap of each sparse method to dense AdamS and AdamW with its bounds, the dense baseline
+against the corpus's trigram floor (a verdict is testable only 10 % below it), then the trend of
+the gap over training length (least squares of the per-seed gaps on ``log10(steps)``, its slope
+per decade with a t interval) and its extrapolation to the paper's 100 000 steps, labelled as an
+extrapolation. The ablations are paired with the run they vary on the same seeds, and SCAPE's
+mask diagnostics are averaged over the steps at the target sparsity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lmrepro.io import atomic_write_json, atomic_write_text
+from lmrepro.pipeline.analysis import Run, analysis_records, load_run, run_comparisons
+from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finished_at,
+                                           paired_test, read_if_there, shown, trend)
+from lmrepro.pipeline.length_study import losses as _losses
+from lmrepro.pipeline.length_study import records as table_records
+from lmrepro.scape.study import mechanism
+from lmrepro.scape.details import ScapeDetails
+from lmrepro.stats import StatsConfig
+
+PAPER_STEPS = 100_000          # the SCAPE authors' runs (100 000 iterations)
+SPARSE = ("scape", "topk")
+DENSE = ("adams", "adamw")
+DIAGNOSTICS = ("mask_kept", "step_enter", "step_stay", "reentry_gap", "residual_norm",
+               "coverage_at_target")
+
+
+def study_runs(stage_dir: str | Path) -> pd.DataFrame:
+    """One row per finished run of the study (``runs/``) and its ablations (``ablations/``):
+    kind, size, steps, seed, run name, method, sparsity, lr, final validation and test bits/byte,
+    diverged step, when the run finished (its summary's time, UTC: the stage keeps finished runs
+    whose identity matches, so a pipeline can publish runs trained before it), and the run
+    directory."""
+    stage_dir = Path(stage_dir)
+    rows = []
+    for kind in ("runs", "ablations"):
+        for rel, path in find_runs(stage_dir / kind).items():
+            parts = rel.split("/")
+            size, length, seed, name = parts[-4], parts[-3], parts[-2], parts[-1]
+            run = load_run(rel, path)
+            s = run.summary
+            d = ScapeDetails.of(s)
+            rows.append({"kind": kind, "size": size, "steps": int(length.removeprefix("L")),
+                         "seed": int(seed.removeprefix("seed")), "run": name,
+                         "method": s.method, "sparsity": d.sparsity or 0.0,
+                         "lr": d.lr, "val_bpb": s.final_bpb,
+                         "test_bpb": d.final_test_bpb,
+                         "diverged_at_step": s.diverged_at_step,
+                         "finished_at": finished_at(run), "path": str(path)})
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+RUN_COLUMNS = ["kind", "size", "steps", "seed", "run", "method", "sparsity", "lr", "val_bpb",
+               "test_bpb", "diverged_at_step", "finished_at", "path"]
+
+
+def gap_table(runs: pd.DataFrame, stats: StatsConfig, floor: Mapping[str, Any] | None
+              ) -> pd.DataFrame:
+    """Per size, length, sparse run and dense baseline: the test-split gap with its seed-level
+    bounds, the baseline's test bits/byte against the trigram floor and whether it is
+    testable."""
+    from lmrepro.data.ngram import testable
+
+    rows = []
+    main = runs[runs.kind == "runs"]
+    tri = None if floor is None else float(floor["trigram"]["test"])
+    for (size, steps), point in main.groupby(["size", "steps"], sort=True):
+        loaded = {p: load_run(p, p) for p in point.path}
+        by_run: dict[str, list[Run]] = {}
+        for rec in point.itertuples():
+            by_run.setdefault(rec.run, []).append(loaded[rec.path])
+        for base_name in DENSE:
+            base = by_run.get(base_name)
+            if not base:
+                continue
+            bpb = float(np.mean([np.mean(_losses(r)) / LOG2 for r in base]))
+            for name, cand in by_run.items():
+                if cand[0].summary.method not in SPARSE:
+                    continue
+                t = paired_test(base, cand, stats)
+                rows.append({"size": size, "steps": int(steps), "candidate": name,
+                             "baseline": base_name, **t, "baseline_test_bpb": bpb,
+                             "candidate_test_bpb": float(np.mean([np.mean(_losses(r)) / LOG2
+                                                                  for r in cand])),
+                             "trigram_floor": tri,
+                             "testable": True if tri is None else testable(bpb, tri)})
+    return pd.DataFrame(rows)
+
+
+def ablation_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
+    """Each ablation against the run it varies and against dense AdamS, on the same seeds at the
+    verdict point (test split)."""
+    abl = runs[runs.kind == "ablations"]
+    rows = []
+    for name, g in abl.groupby("run", sort=True):
+        size, steps = g["size"].iloc[0], int(g["steps"].iloc[0])
+        point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)]
+        cand = [load_run(p, p) for p in g.path]
+        base_run = _ablated_run(cand[0])
+        for base_name in (base_run, "adams"):
+            base = [load_run(p, p) for p in point[point.run == base_name].path]
+            if base:
+                rows.append({"ablation": name, "against": base_name,
+                             "test_bpb": float(np.mean([np.mean(_losses(r)) / LOG2
+                                                        for r in cand])),
+                             **paired_test(base, cand, stats)})
+    return pd.DataFrame(rows)
+
+
+def per_byte_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
+    """Quality per byte: at each point, every sparse run against every sparse run that sends
+    more bytes per step (test split, seed-level bounds), with both runs' bytes per step: does
+    the cheaper method lose quality, or tie at fewer bytes?"""
+    rows = []
+    main = runs[(runs.kind == "runs") & runs.method.isin(SPARSE)]
+    for (size, steps), point in main.groupby(["size", "steps"], sort=True):
+        by_run = {name: [load_run(p, p) for p in g.path] for name, g in point.groupby("run")}
+        sent = {name: float(np.mean([_bytes(r) for r in rs])) for name, rs in by_run.items()}
+        for cand in sorted(by_run):
+            for base in sorted(by_run):
+                if sent[base] > sent[cand]:
+                    rows.append({"size": size, "steps": int(steps), "candidate": cand,
+                                 "baseline": base, "candidate_kb_per_step": sent[cand] / 1e3,
+                                 "baseline_kb_per_step": sent[base] / 1e3,
+                                 "candidate_test_bpb": _mean_bpb(by_run[cand]),
+                                 "baseline_test_bpb": _mean_bpb(by_run[base]),
+                                 **paired_test(by_run[base], by_run[cand], stats)})
+    return pd.DataFrame(rows)
+
+
+def _bytes(run: Run) -> float:
+    """Bytes a worker sends per step after the first (the mask's bootstrap step)."""
+    b = run.summary.bytes_per_step_after_step0 or run.summary.bytes_per_step or {}
+    return float(b.get("total", 0.0))
+
+
+def _mean_bpb(runs: list[Run]) -> float:
+    return float(np.mean([np.mean(_losses(r)) / LOG2 for r in runs]))
+
+
+def _ablated_run(run: Run) -> str:
+    """The study run an ablation varies (its run config minus the ablation's name)."""
+    cfg = run.summary.config.get("run", {})
+    sparsity = round(float(cfg.get("sparsity", 0.0)) * 100)
+    return f"{cfg.get('optimizer', 'scape')}{sparsity:g}"
+
+
+def diagnostics_table(runs: pd.DataFrame, size: str, steps: int) -> pd.DataFrame:
+    """SCAPE's mask diagnostics per run (means over seeds of the means over the steps at the
+    target sparsity) at one point, ablations included."""
+    sel = runs[(runs["size"] == size) & (runs.steps == steps) & (runs.method == "scape")]
+    rows = []
+    for name, g in sel.groupby("run", sort=True):
+        per_seed = []
+        for p in g.path:
+            recs = [r for r in load_run(p, p).metrics if "mask_kept" in r]
+            target = max((r["sparsity"] for r in recs), default=None)
+            recs = [r for r in recs if r["sparsity"] == target]
+            per_seed.append({k: float(np.mean([r[k] for r in recs if r.get(k) is not None]))
+                             for k in DIAGNOSTICS if any(r.get(k) is not None for r in recs)})
+        rows.append({"run": name, "seeds": len(per_seed),
+                     **{k: float(np.mean([d[k] for d in per_seed if k in d]))
+                        for k in DIAGNOSTICS if any(k in d for d in per_seed)}})
+    return pd.DataFrame(rows)
+
+
+def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfig,
+                    floors: Mapping[str, Mapping[str, Any]], leave_out: Sequence[str] = ()
+                    ) -> Any:
+    """The verdict point as :class:`~lmrepro.pipeline.records.AnalysisRecords` (stage
+    ``scaling``), what the claims stage reads: the methods as the paper runs them, not the
+    variants in ``leave_out`` (:func:`lmrepro.scape.study.mechanism.variants`)."""
+    point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)
+                 & ~runs.run.isin(list(leave_out))]
+    named = {f"{size}/L{steps}/seed{r.seed}/{r.run}": r.path for r in point.itertuples()}
+    outcomes = run_comparisons(named, stats=stats, floors=floors)
+    return analysis_records(named, stage="scaling", stats=stats, outcomes=outcomes,
+                            floors=floors)
+
+
+def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfig,
+                   verdict: tuple[str, int], floors: Mapping[str, Mapping[str, Any]],
+                   corpus: str, contrasts: Sequence[Any] = (), leave_out: Sequence[str] = ()
+                   ) -> dict[str, Any]:
+    """Every table of the study as CSV under ``out_dir``, ``analysis.json`` (the verdict point's
+    records) and ``scaling.json`` (tables as records); returns the tables."""
+    from lmrepro.scape.study import horizon, plots
+
+    out_dir = Path(out_dir)
+    runs = study_runs(stage_dir)
+    floor = floors.get(corpus)
+    tables: dict[str, pd.DataFrame] = {"runs": runs.drop(columns=["path"])}
+    gaps = gap_table(runs, stats, floor)
+    tables["gaps"] = gaps
+    tables["trend"] = trend(gaps, to_steps=PAPER_STEPS)
+    tables["ablations"] = ablation_table(runs, stats)
+    tables["diagnostics"] = diagnostics_table(runs, *verdict)
+    tables["per_byte"] = per_byte_table(runs, stats)
+    tables["contrasts"] = mechanism.contrast_table(runs, contrasts, *verdict, stats)
+    tables["mechanism_diagnostics"] = mechanism.diagnostics_table(runs, *verdict)
+    tables.update(horizon.multiplier_tables(runs, floor))
+    sweep = stage_dir_sweep(stage_dir)
+    if sweep is not None:
+        tables["sweep"] = pd.DataFrame(sweep["rows"])
+    edge = read_if_there(Path(stage_dir) / "sweep" / "edge_check.json")
+    if edge is not None:
+        tables["edge_check"] = pd.DataFrame(edge["rows"])
+    for name, frame in tables.items():
+        atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
+    point = runs[(runs.kind == "runs") & (runs["size"] == verdict[0])
+                 & (runs.steps == verdict[1])]
+    records = verdict_records(runs, *verdict, stats, floors, leave_out) if len(point) else None
+    if records is not None:
+        records = with_multipliers(records, tables["final_multiplier"])
+    if records is not None:      # the claims stage reads the verdict point, when it has runs
+        atomic_write_json(out_dir / "analysis.json", records.model_dump(mode="json"))
+    atomic_write_json(out_dir / "scaling.json", {
+        "verdict": {"size": verdict[0], "steps": verdict[1]}, "floor": floor,
+        "sweep": sweep, **{k: table_records(v) for k, v in tables.items()}})
+    atomic_write_text(out_dir / README_SECTION, readme_markdown(tables, sweep, verdict, floor))
+    figures = plots.figures(runs, gaps, floor, verdict)
+    curves = horizon.point_curves(runs).get(verdict)
+    if curves:
+        figures["stable_curves"] = horizon.curves_figure(
+            curves, floor, plots.COLOURS, f"Test loss along each run, {verdict[0]}, "
+            f"{verdict[1]} steps (one line per seed)")
+    if len(tables["multiplier"]):
+        figures["multiplier"] = horizon.multiplier_figure(tables["multiplier"], floor,
+                                                          plots.COLOURS)
+    for name, fig in figures.items():
+        plots.save(fig, out_dir / f"{name}.png")
+    return {"tables": tables, "records": records, "figures": figures, "sweep": sweep}
+
+
+def with_multipliers(records: Any, ends: pd.DataFrame) -> Any:
+    """The verdict point's records with each sparse run's steps-to-target multiplier for its
+    final loss against dense AdamS (``final_multiplier`` of
+    :func:`lmrepro.scape.study.horizon.multiplier_tables`) on its comparison with AdamS: in a few
+    words beside the gap (``steps_to_target``, the claims' measured text), in full among the
+    caveats."""
+    from lmrepro.scape.study import horizon
+
+    if not len(ends):
+        return records
+    by_name = {r.candidate: r for r in ends.itertuples()}
+    out = []
+    for c in records.comparisons:
+        name = c.candidate_runs[0].rsplit("/", 1)[-1] if c.candidate_runs else ""
+        r = by_name.get(name)
+        if r is None or c.baseline_method != "adams":
+            out.append(c)
+            continue
+        text = "steps to target: " + horizon.final_text(r)
+        out.append(c.model_copy(update={"caveats": [*c.caveats, text],
+                                        "steps_to_target": horizon.final_short(r)}))
+    return records.model_copy(update={"comparisons": out})
+
+
+def stage_dir_sweep(stage_dir: str | Path) -> dict[str, Any] | None:
+    return read_if_there(Path(stage_dir) / "sweep" / "sweep.json")
+
+
+def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling",
+                           out_dir: str | Path = "results/analysis/scaling"
+                           ) -> dict[str, Any] | None:
+    """The ``analysis_scaling`` stage (``params``: :class:`lmrepro.pipeline.params.Params`):
+    :func:`write_analysis` of the profile's study, or None (and a note) without one."""
+    from lmrepro.pipeline.analysis import corpus_floors
+
+    from lmrepro.pipeline.headline import metrics_dir, study_items, write_headline
+
+    study = params.scape.scaling
+    headline = metrics_dir(out_dir, "scaling")
+    if study is None:
+        atomic_write_json(Path(out_dir) / "scaling.json",
+                          {"note": "no training-length study in this profile"})
+        write_headline(headline, {})
+        return None
+    floors = corpus_floors(params.data.prepared_dir, {params.scape.corpus})
+    verdict = (study.verdict_size, study.verdict_steps)
+    result = write_analysis(stage_dir, out_dir, params.stats, verdict, floors,
+                            params.scape.corpus, study.contrasts, mechanism.variants(study))
+    contrasts = result["tables"]["contrasts"]
+    if len(contrasts):       # the mechanism contrasts, read as the gaps are
+        contrasts = contrasts.assign(size=verdict[0], steps=verdict[1],
+                                     verdict=contrasts["direction"])
+    write_headline(headline, {**study_items(result["tables"]["gaps"], verdict),
+                              **study_items(contrasts, verdict)})
+    return result
+
+
+README_SECTION = "readme_section.md"
+#: where the published folder goes in the section's links (replaced by ``lmrepro publish``)
+LINK_BASE = "{published}"
+
+
+def _pct(x: Any) -> str:
+    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) \
+        else f"{100 * float(x):+.2f} %"
+
+
+def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any] | None,
+                    verdict: tuple[str, int], floor: Mapping[str, Any] | None) -> str:
+    """The README's section on the study, from its tables only (links under :data:`LINK_BASE`)."""
+    gaps, trend_t = tables["gaps"], tables["trend"]
+    lines = [f"Full report: [{LINK_BASE}/reports/11_analysis_scaling.html]"
+             f"({LINK_BASE}/reports/11_analysis_scaling.html); tables in "
+             f"[{LINK_BASE}/results/analysis/scaling/]({LINK_BASE}/results/analysis/scaling/).",
+             ""]
+    if floor is not None:
+        lines += [f"n-gram floor of the corpus (test split): bigram "
+                  f"{floor['bigram']['test']:.3f}, trigram {floor['trigram']['test']:.3f} "
+                  f"bits/byte; a verdict is testable when the dense baseline ends 10 % below "
+                  "the trigram floor.", ""]
+    if sweep is not None:
+        lines += [f"Learning rates (swept at {sweep['size']}, {sweep['steps']} steps, seed "
+                  f"{sweep['seed']}, validation split): "
+                  + ", ".join(f"{k} {v:g}" for k, v in sweep["best"].items())
+                  + (f"; on the grid's edge: {', '.join(sweep['on_edge'])}"
+                     if sweep["on_edge"] else "") + ".", ""]
+    edge = tables.get("edge_check")
+    if edge is not None and len(edge):
+        lines += ["One grid step beyond each edge winner (same seed and length, validation "
+                  "split; reported, not applied): " + "; ".join(
+                      f"{r.run} at lr {r.beyond_lr:g}: "
+                      + (f"{r.beyond_final_bpb:.3f} against {r.grid_bpb:.3f} at {r.grid_lr:g}"
+                         if r.beyond_final_bpb is not None and math.isfinite(r.beyond_final_bpb)
+                         else "diverged")
+                      + (" (better: the optimum lies beyond the grid)" if r.beyond_is_better
+                         else " (worse: the grid's winner stands)")
+                      for r in edge.itertuples()) + ".", ""]
+    runs = tables["runs"]
+    if "finished_at" in runs and len(runs):
+        lines += [f"The study's {len(runs)} runs (points and ablations) "
+                  f"{finish_window(runs.finished_at)}; the stage keeps "
+                  "a finished run whose settings, model and data are unchanged.", ""]
+    lines += summary_sentences(tables, verdict)
+    rows = ["| size | steps | candidate | vs | seeds | dense bits/byte (test) | mean gap | "
+            "[L, U] | level | verdict | testable |",
+            "|---|---:|---|---|---:|---:|---:|---|---|---|---|"]
+    for r in gaps.itertuples():
+        if r.baseline != "adams":
+            continue
+        rows.append(f"| {r.size} | {r.steps} | {r.candidate} | dense AdamS | {r.seeds} | "
+                    f"{r.baseline_test_bpb:.3f} | {_pct(getattr(r, 'mean', None))} | "
+                    f"[{_pct(getattr(r, 'lower', None))}, {_pct(getattr(r, 'upper', None))}] | "
+                    f"{getattr(r, 'level', '')} | {getattr(r, 'verdict', '') or 'diverged'} | "
+                    f"{'yes' if r.testable else 'no'} |")
+    lines += rows + [""]
+    if len(trend_t):
+        lines += ["A straight line of the gap to dense AdamS in log10(steps), tested for lack "
+                  "of fit against the seeds at each length; only a line that passes (p >= "
+                  "0.05) would be extrapolated to the paper's 100 000 steps:", "",
+                  "| size | candidate | slope per decade | lack of fit F | p | extrapolated |",
+                  "|---|---|---|---:|---:|---|"]
+        for r in trend_t[trend_t.baseline == "adams"].itertuples():
+            ext = (f"{_pct(r.extrapolated_gap_at)} [{_pct(r.extrapolation_low)}, "
+                   f"{_pct(r.extrapolation_high)}]" if r.extrapolated else "no (the line fails)")
+            lines.append(f"| {r.size} | {r.candidate} | {_pct(r.slope_per_decade)} "
+                         f"[{_pct(r.slope_low)}, {_pct(r.slope_high)}] | "
+                         f"{r.lack_of_fit_F:.3g} | {r.lack_of_fit_p:.2g} | {ext} |")
+        lines.append("")
+    lines += _multiplier_lines(tables.get("multiplier"))
+    abl = tables.get("ablations")
+    if abl is not None and len(abl):
+        lines += [f"Ablations at {verdict[0]}, {verdict[1]} steps (test split):", "",
+                  "| ablation | against | seeds | test bits/byte | mean | [L, U] | verdict |",
+                  "|---|---|---:|---:|---:|---|---|"]
+        for r in abl.itertuples():
+            lines.append(f"| {r.ablation} | {r.against} | {r.seeds} | {r.test_bpb:.3f} | "
+                         f"{_pct(getattr(r, 'mean', None))} | [{_pct(getattr(r, 'lower', None))}"
+                         f", {_pct(getattr(r, 'upper', None))}] | {getattr(r, 'verdict', '')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _multiplier_lines(mult: pd.DataFrame | None) -> list[str]:
+    """The README's steps-to-target table (none without curves)."""
+    lines: list[str] = []
+    if mult is not None and len(mult):
+        lines += ["Steps to target (test split, 95 % t interval over seeds; a run's curve is "
+                  "its stable phase under the wsd schedule): how many times dense AdamS's "
+                  "steps each method needs to reach a loss. Each method holds its own tuned lr "
+                  "constant here, so a method at a larger lr sits at a higher noise floor "
+                  "until its decay: the sentences above place each final (decayed) loss on "
+                  "AdamS's curve as well.", "",
+                  "| size | candidate | target bits/byte | multiplier | [low, high] | seeds | "
+                  "not reached |", "|---|---|---:|---:|---|---:|---:|"]
+        for r in mult.itertuples():
+            m, span = (f">= {r.multiplier:.2f}", "(a lower bound)") if r.censored else (
+                f"{r.multiplier:.2f}", f"[{r.lower:.2f}, {r.upper:.2f}]")
+            lines.append(f"| {r.size} | {r.candidate} | {r.target:.3f} | {m} | {span} | "
+                         f"{r.seeds} | {r.censored} |")
+        lines.append("")
+    return lines
+
+
+def summary_sentences(tables: Mapping[str, pd.DataFrame], verdict: tuple[str, int]
+                      ) -> list[str]:
+    """What the study says, in sentences computed from its tables: the gap to dense AdamS at
+    the shortest and longest length of each size, and the mask diagnostics at the verdict
+    point."""
+    from lmrepro.scape.study import horizon
+
+    gaps, out = tables["gaps"], []
+    if len(gaps) and "mean" in gaps:
+        for (size, cand), g in gaps[gaps.baseline == "adams"].groupby(["size", "candidate"]):
+            g = g.dropna(subset=["mean"]).sort_values("steps")
+            # every length, not two end points: each length's own schedule ends where it ends,
+            # so a gap that is not monotone in length is not a trend
+            out.append(f"{cand} against dense AdamS, model {size}: " + ", ".join(
+                f"{_pct(r['mean'])} at {r.steps} steps" for _, r in g.iterrows()) + ".")
+    trend_t = tables.get("trend")
+    if trend_t is not None and len(trend_t) and "lack_of_fit_p" in trend_t:
+        rejected = trend_t[trend_t.lack_of_fit_p < 0.05]
+        if len(rejected):
+            out.append(f"A straight line in log(steps) fails its lack-of-fit test for "
+                       f"{len(rejected)} of {len(trend_t)} series (p < 0.05): the gaps are not a "
+                       "trend, and none is extrapolated.")
+    out += horizon.describe(*(tables.get(k, pd.DataFrame()) for k in (
+        "multiplier", "end_multiplier", "final_multiplier")))
+    out += mechanism.describe(tables.get("contrasts", pd.DataFrame()))
+    diag = tables.get("diagnostics")
+    if diag is not None and len(diag) and "mask_kept" in diag:
+        for r in diag.itertuples():
+            if not math.isfinite(r.mask_kept):
+                continue        # a run that never went sparse at this point
+            out.append(f"{r.run} at {verdict[0]}, {verdict[1]} steps: {r.mask_kept:.0%} of the "
+                       "mask kept from one step to the next.")
+    return ["What it says (computed from the tables below):", "",
+            *[f"* {x}" for x in out], ""] if out else []
+
+
+#: what a report shows of each table of the study, and under which registered column name
+#: (:mod:`lmrepro.scape.columns`: relative gaps as signed percentages); the CSVs keep all
+DISPLAY: dict[str, dict[str, str]] = {
+    "gaps": {"size": "size", "steps": "steps", "candidate": "candidate", "baseline": "baseline",
+             "seeds": "seeds", "diverged": "diverged", "mean": "gap_mean", "lower": "gap_lower",
+             "upper": "gap_upper", "level": "level", "batch_upper": "gap_batch_upper",
+             "p_value": "p_noninferior", "p_worse": "p_worse", "verdict": "verdict",
+             "baseline_test_bpb": "dense_test_bpb", "candidate_test_bpb": "candidate_test_bpb",
+             "testable": "testable"},
+    "multiplier": {"size": "size", "steps": "steps", "candidate": "candidate",
+                   "target": "target_bpb", "multiplier": "multiplier",
+                   "lower": "multiplier_lower", "upper": "multiplier_upper", "seeds": "seeds",
+                   "censored": "not_reached", "baseline_steps": "dense_steps",
+                   "candidate_steps": "candidate_steps"},
+    "per_byte": {"size": "size", "steps": "steps", "candidate": "candidate",
+                 "baseline": "baseline", "candidate_kb_per_step": "candidate_kb_per_step",
+                 "baseline_kb_per_step": "baseline_kb_per_step", "seeds": "seeds",
+                 "candidate_test_bpb": "candidate_test_bpb",
+                 "baseline_test_bpb": "baseline_test_bpb", "mean": "gap_mean",
+                 "lower": "gap_lower", "upper": "gap_upper", "verdict": "verdict"},
+    "final_multiplier": {"size": "size", "steps": "steps", "candidate": "candidate",
+                         "candidate_final_test_bpb": "candidate_test_bpb",
+                         "baseline_steps": "dense_steps", "multiplier": "multiplier",
+                         "lower": "multiplier_lower", "upper": "multiplier_upper",
+                         "seeds": "seeds", "unreached": "not_reached"},
+    "end_multiplier": {"size": "size", "steps": "steps", "candidate": "candidate",
+                       "candidate_steps": "candidate_steps", "multiplier": "multiplier",
+                       "lower": "multiplier_lower", "upper": "multiplier_upper",
+                       "seeds": "seeds", "censored": "not_reached"},
+    "trend": {"size": "size", "candidate": "candidate", "baseline": "baseline",
+              "points": "points", "slope_per_decade": "slope_per_decade",
+              "slope_low": "slope_low", "slope_high": "slope_high", "p_slope": "p_slope",
+              "lack_of_fit_F": "lack_of_fit_F", "lack_of_fit_p": "lack_of_fit_p",
+              "extrapolated": "extrapolated",
+              "extrapolated_gap_at": "extrapolated_gap",
+              "extrapolation_low": "extrapolation_low",
+              "extrapolation_high": "extrapolation_high"},
+    "ablations": {"ablation": "ablation", "against": "against", "seeds": "seeds",
+                  "diverged": "diverged", "test_bpb": "candidate_test_bpb", "mean": "gap_mean",
+                  "lower": "gap_lower", "upper": "gap_upper", "p_value": "p_noninferior",
+                  "p_worse": "p_worse", "verdict": "verdict"},
+    # step_enter (the 0.447 identity) and step_stay stay in the CSV, not in the report
+    "diagnostics": {"run": "run", "seeds": "seeds", "mask_kept": "mask_kept",
+                    "reentry_gap": "reentry_gap", "residual_norm": "residual_norm",
+                    "coverage_at_target": "coverage_at_target"},
+}
+
+
+def for_display(name: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """The columns of table ``name`` a report shows (:data:`DISPLAY` and the mechanism
+    tables'), renamed to their registered display names."""
+    return shown({**DISPLAY, **mechanism.DISPLAY}, name, frame)
+
