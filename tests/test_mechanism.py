@@ -65,7 +65,7 @@ def test_the_published_contrasts_recompute_from_the_published_runs() -> None:
 
 
 def test_the_docs_section_is_generated_from_the_published_study() -> None:
-    """docs/scape.md's mechanism section is what python -m lmrepro.scape.study.mechanism_review
+    """docs/scape.md's mechanism section is what lmrepro publish --pages-only
     writes from published/mechanism (and the runs it shares with published/scaling)."""
     from lmrepro.scape.study.mechanism_review import BEGIN, END, section
 

@@ -288,6 +288,21 @@ def test_a_study_whose_verdicts_another_row_shows_points_to_it(tmp_path: Path) -
                                                                                "| `other`")))
 
 
+def test_the_docs_sections_the_wings_generate_are_current() -> None:
+    """Every docs section a wing generates from published runs (``Wing.doc_sections``, which
+    ``lmrepro publish --pages-only`` writes) is what the checkout holds."""
+    from lmrepro.pipeline import registry
+
+    modules = registry.doc_sections()
+    assert {"lmrepro.scape.study.review", "lmrepro.scape.study.mechanism_review"} <= set(modules)
+    import importlib
+
+    for module in modules:
+        for doc, begin, end, section in importlib.import_module(module).doc_sections(ROOT):
+            body = Path(doc).read_text(encoding="utf-8")
+            assert begin + body.split(begin, 1)[1].split(end, 1)[0] + end == section, module
+
+
 PUBLISHED = sorted(p for p in (ROOT / "published").iterdir() if (p / P.MANIFEST).is_file())
 
 

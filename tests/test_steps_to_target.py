@@ -136,7 +136,7 @@ def test_the_published_length_trend_fails_its_lack_of_fit_test_and_is_not_extrap
 
 def test_the_docs_review_of_the_published_study_is_what_the_code_computes():
     """docs/scape.md's scaling-review section is regenerated from published/scaling by today's
-    analysis (python -m lmrepro.scape.study.review --doc docs/scape.md)."""
+    analysis (lmrepro publish --pages-only writes it: review.doc_sections)."""
     import json
     from pathlib import Path
 

@@ -67,6 +67,20 @@ def made_text(published: Path) -> str:
     return text
 
 
+def origin_of(published: str | os.PathLike, run_dir: str | os.PathLike) -> dict[str, str]:
+    """Where the published run at ``run_dir`` (below ``published``) was trained
+    (:func:`run_origins`); for a run published before origins were recorded, the publication's
+    own commit and machine."""
+    from lmrepro.results import SUMMARY
+
+    published = Path(published)
+    rel = Path(os.path.relpath(Path(run_dir) / SUMMARY, published)).as_posix()
+    prov = _provenance(published)
+    return run_origins(published).get(rel) or {
+        "commit": str((prov.get("git") or {}).get("commit")),
+        "machine": machine_text(prov.get("machine"))}
+
+
 def run_origins(published: Path) -> dict[str, dict[str, str]]:
     """Where each run of a published run was trained (``MANIFEST.json``'s ``run_origins``:
     run summary path -> ``{"commit", "machine"}``, written by ``lmrepro publish``); empty for a
@@ -284,9 +298,24 @@ def write_from_run(root: str | Path, dest: str | Path) -> list[Path]:
             for stage, items in from_run(root).items()]
 
 
+def write_marked(doc: str | os.PathLike, begin: str, end: str, section: str) -> None:
+    """Replace the part of ``doc`` from the marker ``begin`` to ``end`` with ``section`` (which
+    carries the markers); a page without them is refused by name."""
+    path = Path(doc)
+    body = path.read_text(encoding="utf-8")
+    check(begin in body and end in body, "doc", str(path), f"must hold {begin} ... {end}")
+    head, rest = body.split(begin, 1)
+    atomic_write_text(path, head + section + rest.split(end, 1)[1])
+
+
 def regenerate(root: str | os.PathLike = ".") -> list[Path]:
     """Every page again from what is published under ``root/published`` (and the headline
-    metrics of a run that predates them), then the README's verdicts block."""
+    metrics of a run that predates them), the README's verdicts block, and the docs' sections
+    the wings generate from published runs (``Wing.doc_sections``)."""
+    import importlib
+
+    from lmrepro.pipeline import registry
+
     root = Path(root)
     written = []
     for run in sorted(p for p in (root / "published").iterdir() if (p / MANIFEST).is_file()):
@@ -294,4 +323,8 @@ def regenerate(root: str | os.PathLike = ".") -> list[Path]:
             write_from_run(run, run / "metrics")
         written.append(write_page(run))
     update_verdicts(root / "README.md", root / "published")
+    for module in registry.doc_sections():
+        for doc, begin, end, section in importlib.import_module(module).doc_sections(root):
+            write_marked(doc, begin, end, section)
+            written.append(Path(doc))
     return written

@@ -110,7 +110,10 @@ class Wing:
       read, so that what needs only the roles (a training stage) loads neither;
     * ``report``: its part of the index (:class:`Report`);
     * ``commands``: the modules whose ``register(subparsers)`` add its subcommands to the
-      ``lmrepro`` command.
+      ``lmrepro`` command;
+    * ``doc_sections``: the modules whose ``doc_sections(root)`` give the marked sections of
+      its docs computed from published runs, ``(doc, begin, end, section)``; ``lmrepro publish
+      --pages-only`` writes them (:func:`lmrepro.pipeline.pages.regenerate`).
     """
 
     name: str
@@ -128,6 +131,7 @@ class Wing:
     tables: str | None = None
     report: Report | None = None
     commands: tuple[str, ...] = ()
+    doc_sections: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -341,6 +345,11 @@ def timed_pairings() -> tuple[tuple[str, str], ...]:
 def stages() -> Mapping[str, tuple[str, str | None]]:
     """Each analysis stage's reference roles: throughput and memory, communication."""
     return dict(_vocab().stages)
+
+
+def doc_sections() -> tuple[str, ...]:
+    """The modules that generate the installed wings' doc sections (``Wing.doc_sections``)."""
+    return tuple(m for wing in _vocab().wings for m in wing.doc_sections)
 
 
 def record_stages() -> tuple[str, ...]:

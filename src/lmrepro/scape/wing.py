@@ -60,4 +60,5 @@ WING = Wing(
                   extra=("results/steptime/predictions.json",)),
     commands=("lmrepro.scape.cli", "lmrepro.scape.steptime.predict_cli",
               "lmrepro.scape.authors.logs"),
+    doc_sections=("lmrepro.scape.study.review", "lmrepro.scape.study.mechanism_review"),
 )
