@@ -188,3 +188,15 @@ def test_a_profile_without_a_study_writes_a_plan_saying_so(tmp_path: Path) -> No
     assert no_study(tmp_path / "st") == {}
     assert json.loads((tmp_path / "st" / "plan.json").read_text()) == {
         "runs": {}, "lrs": {}, "note": "no training-length study in this profile"}
+
+
+def test_a_seed_folder_name_is_read_back_by_the_rule_that_writes_it() -> None:
+    """The seed's folder name is declared once (rundirs.seed_dir): reading it back gives the
+    seed; a folder of another name is refused by name, never parsed by guess."""
+    from lmrepro.errors import ParameterError
+    from lmrepro.rundirs import seed_dir, seed_of
+
+    assert [seed_of(seed_dir(s)) for s in (0, 3, 1000)] == [0, 3, 1000]
+    for bad in ("seedx", "run3", "seed", "seed-1"):
+        with pytest.raises(ParameterError, match="seed<N>"):
+            seed_of(bad)

@@ -29,6 +29,8 @@ from lmrepro.runlock import WRITER_LOCK, check_no_other_writer
 log = logging.getLogger(__name__)
 
 IDENTITY = "identity.json"
+#: how a folder of one seed's runs is named (:func:`seed_dir`, :func:`seed_of`)
+SEED_PREFIX = "seed"
 #: the name parts of folders set aside: kept under another identity, or of an unknown one
 KEPT, STALE = ".kept-", ".stale-"
 
@@ -108,7 +110,16 @@ def prepare_runs_dir(runs_dir: str | Path, identity: dict[str, Any]) -> Path:
 def seed_dir(seed: int) -> str:
     """The folder of a stage's runs trained with ``seed``: ``runs/<corpus>/seed<N>/<run>`` (a
     suite runs once per seed; the analysis pairs runs by the seed in their summaries)."""
-    return f"seed{seed}"
+    return f"{SEED_PREFIX}{seed}"
+
+
+def seed_of(folder: str) -> int:
+    """The seed a :func:`seed_dir` folder name holds (``seed3`` -> 3); anything else is refused
+    by name."""
+    digits = folder.removeprefix(SEED_PREFIX)
+    check(folder.startswith(SEED_PREFIX) and digits.isdigit(), "seed folder", folder,
+          f"must be {SEED_PREFIX}<N> (rundirs.seed_dir)")
+    return int(digits)
 
 
 def _read_identity(marker: Path) -> Any:

@@ -28,6 +28,7 @@ from lmrepro.pipeline.analysis import analysis_records, load_run, run_comparison
 from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finished_at, losses,
                                            paired_test, read_if_there, records, shown, trend)
 from lmrepro.results import run_settings
+from lmrepro.rundirs import seed_dir, seed_of
 from lmrepro.rgc.details import RGCDetails
 from lmrepro.stats import StatsConfig
 
@@ -50,7 +51,7 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
         s = run.summary
         d = RGCDetails.of(s)
         rows.append({"kind": "runs", "size": size, "steps": int(length.removeprefix("L")),
-                     "run": name, "seed": int(seed.removeprefix("seed")),
+                     "run": name, "seed": seed_of(seed),
                      "executor": d.executor, "horizon": d.horizon, "consensus_staleness":
                      d.consensus_staleness, "lr": run_settings(s.config).get("lr"),
                      "val_bpb": s.final_bpb, "test_bpb": d.final_test_bpb,
@@ -98,7 +99,7 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, candidate: str, b
     read."""
     point = runs[(runs["size"] == size) & (runs.steps == steps)
                  & runs.run.isin([candidate, baseline])]
-    named = {f"{size}/L{steps}/{r.run}/seed{r.seed}": r.path for r in point.itertuples()}
+    named = {f"{size}/L{steps}/{r.run}/{seed_dir(r.seed)}": r.path for r in point.itertuples()}
     outcomes = run_comparisons(named, stats=stats, floors=floors)
     return analysis_records(named, stage=STAGE, stats=stats, outcomes=outcomes, floors=floors)
 

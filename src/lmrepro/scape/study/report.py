@@ -27,6 +27,7 @@ from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finis
                                            paired_test, read_if_there, shown, trend)
 from lmrepro.pipeline.length_study import losses as _losses
 from lmrepro.pipeline.length_study import records as table_records
+from lmrepro.rundirs import seed_dir, seed_of
 from lmrepro.scape.study import mechanism
 from lmrepro.scape.details import ScapeDetails
 from lmrepro.stats import StatsConfig
@@ -54,7 +55,7 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
             s = run.summary
             d = ScapeDetails.of(s)
             rows.append({"kind": kind, "size": size, "steps": int(length.removeprefix("L")),
-                         "seed": int(seed.removeprefix("seed")), "run": name,
+                         "seed": seed_of(seed), "run": name,
                          "method": s.method, "sparsity": d.sparsity or 0.0,
                          "lr": d.lr, "val_bpb": s.final_bpb,
                          "test_bpb": d.final_test_bpb,
@@ -185,7 +186,7 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfi
     variants in ``leave_out`` (:func:`lmrepro.scape.study.mechanism.variants`)."""
     point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)
                  & ~runs.run.isin(list(leave_out))]
-    named = {f"{size}/L{steps}/seed{r.seed}/{r.run}": r.path for r in point.itertuples()}
+    named = {f"{size}/L{steps}/{seed_dir(r.seed)}/{r.run}": r.path for r in point.itertuples()}
     outcomes = run_comparisons(named, stats=stats, floors=floors)
     return analysis_records(named, stage="scaling", stats=stats, outcomes=outcomes,
                             floors=floors)

@@ -16,6 +16,7 @@ from lmrepro.io import read_json
 from lmrepro.pipeline.length_study import find_runs, trend
 from lmrepro.pipeline.pages import origin_of
 from lmrepro.pipeline.runs import load_run
+from lmrepro.rundirs import seed_of
 from lmrepro.scape.study.report import _pct, gap_table, per_byte_table
 from lmrepro.stats import StatsConfig
 
@@ -30,7 +31,7 @@ def published_runs(published: str | Path) -> pd.DataFrame:
         size, length, seed, name = rel.split("/")
         s = load_run(rel, path).summary
         rows.append({"kind": "runs", "size": size, "steps": int(length.removeprefix("L")),
-                     "seed": int(seed.removeprefix("seed")), "run": name, "method": s.method,
+                     "seed": seed_of(seed), "run": name, "method": s.method,
                      "path": str(path)})
     return pd.DataFrame(rows)
 
