@@ -60,5 +60,6 @@ WING = Wing(
                   extra=("results/steptime/predictions.json",)),
     commands=("lmrepro.scape.cli", "lmrepro.scape.steptime.predict_cli",
               "lmrepro.scape.authors.logs"),
-    doc_sections=("lmrepro.scape.study.review", "lmrepro.scape.study.mechanism_review"),
+    doc_sections=("lmrepro.scape.analysis.report", "lmrepro.scape.study.review",
+                  "lmrepro.scape.study.mechanism_review"),
 )
