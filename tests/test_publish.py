@@ -260,9 +260,10 @@ def test_the_readme_lists_every_published_run_with_its_verdicts(tmp_path: Path) 
 
 
 def test_a_study_whose_verdicts_another_row_shows_points_to_it(tmp_path: Path) -> None:
-    """A study's row whose verdicts all appear, figure for figure, in a later study's row (that
-    adds configurations) points to that row; a row with one figure apart keeps its own."""
-    def study(name: str, candidates: dict[str, float]) -> Path:
+    """A study's row whose configurations all appear in a later study's row with as many seeds
+    or more (and more of either) points to that row; a row whose configuration the later one
+    lacks, or has with fewer seeds, keeps its own."""
+    def study(name: str, candidates: dict[str, float], seeds: int = 3) -> Path:
         pub = tmp_path / "published" / name
         folder = pub / "results/analysis/rgc_scaling"
         folder.mkdir(parents=True)
@@ -270,20 +271,24 @@ def test_a_study_whose_verdicts_another_row_shows_points_to_it(tmp_path: Path) -
                                                                      "steps": 3000}})
         pd.DataFrame([{"size": "4x64", "steps": 3000, "baseline": "backprop", "candidate": c,
                        "mean": m, "lower": m - 0.01, "upper": m + 0.01, "verdict": "worse",
-                       "testable": True} for c, m in candidates.items()]
+                       "testable": True, "seeds": seeds} for c, m in candidates.items()]
                      ).to_csv(folder / "gaps.csv", index=False)
         (pub / G.PAGE).write_text("page\n")
         return pub
 
     first = study("h2", {"rgc": 0.02, "rgc_H2": 0.023})
     later = study("h4", {"rgc": 0.02, "rgc_H2": 0.023, "rgc_H4": 0.02})
-    apart = study("other", {"rgc": 0.021, "rgc_H2": 0.023})
-    runs = [first, later, apart]
-    assert G.contained_in(first, runs) == later
-    assert G.contained_in(later, runs) is None and G.contained_in(apart, runs) is None
+    more_seeds = study("h5", {"rgc": 0.021, "rgc_H2": 0.022}, seeds=5)
+    fewer_seeds = study("other", {"rgc": 0.021, "rgc_H2": 0.023, "rgc_H4": 0.02, "x": 0.01},
+                        seeds=2)
+    runs = [first, later, more_seeds, fewer_seeds]
+    assert G.contained_in(first, runs) == later                 # more configurations
+    assert G.contained_in(more_seeds, runs) is None             # h4 lacks none, has fewer seeds
+    assert G.contained_in(later, runs) is None and G.contained_in(fewer_seeds, runs) is None
+    assert G.contained_in(first, [first, more_seeds]) == more_seeds   # more seeds
     rows = G.verdicts_table(tmp_path / "published").splitlines()
     (h2,) = [r for r in rows if r.startswith("| `h2`")]
-    assert "every verdict as in `h4`'s row" in h2 and "+2.00 %" not in h2
+    assert "its configurations are in `h4`'s row" in h2 and "+2.00 %" not in h2
     assert all("+2.00 %" in r or "+2.10 %" in r for r in rows if r.startswith(("| `h4`",
                                                                                "| `other`")))
 

@@ -148,13 +148,28 @@ def study_items(published: Path) -> tuple[str, list[tuple[str, str]]] | None:
         for _, r in rows.iterrows()]
 
 
+def _seeds_by_config(published: Path) -> tuple[Any, dict[tuple[str, str], int]] | None:
+    """A study's verdict point and, per (baseline, candidate) there, its number of seeds."""
+    study = study_point(published)
+    if study is None:
+        return None
+    point, rows = study
+    return (point["size"], int(point["steps"])), {
+        (str(r["baseline"]), str(r["candidate"])): int(r["seeds"]) for _, r in rows.iterrows()}
+
+
 def contained_in(published: Path, others: list[Path]) -> Path | None:
-    """Another published study whose verdict point shows every verdict of ``published``, figure
-    for figure, and more (a later run of the same study that added configurations)."""
-    mine = study_items(published)
+    """Another published study that shows every configuration of ``published`` at the same
+    verdict point with at least as many seeds, and more configurations or seeds (a later run of
+    the same study: figure for figure where the seeds are the same)."""
+    mine = _seeds_by_config(published)
     for other in others:
-        theirs = study_items(other) if other != published else None
-        if mine and theirs and mine[0] == theirs[0] and set(mine[1]) < set(theirs[1]):
+        theirs = _seeds_by_config(other) if other != published else None
+        if not (mine and theirs and mine[0] == theirs[0]):
+            continue
+        if all(theirs[1].get(k, 0) >= n for k, n in mine[1].items()) and (
+                set(mine[1]) < set(theirs[1]) or any(theirs[1][k] > n
+                                                     for k, n in mine[1].items())):
             return other
     return None
 
@@ -211,7 +226,7 @@ def verdicts_table(published_root: str | os.PathLike, link_base: str = "publishe
     for run in runs:
         within = contained_in(run, runs)
         verdicts = (summary(run) if within is None else
-                    f"every verdict as in `{within.name}`'s row, which adds more")
+                    f"its configurations are in `{within.name}`'s row, with as many seeds or more")
         rows.append(f"| `{run.name}` | {verdicts} | {cost(run)} | [{link_base}/{run.name}/]"
                     f"({link_base}/{run.name}/{PAGE}) |")
     return f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}\n"
