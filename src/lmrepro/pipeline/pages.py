@@ -75,10 +75,14 @@ def origin_of(published: str | os.PathLike, run_dir: str | os.PathLike) -> dict[
 
     published = Path(published)
     rel = Path(os.path.relpath(Path(run_dir) / SUMMARY, published)).as_posix()
-    prov = _provenance(published)
-    return run_origins(published).get(rel) or {
-        "commit": str((prov.get("git") or {}).get("commit")),
-        "machine": machine_text(prov.get("machine"))}
+    return run_origins(published).get(rel) or provenance_origin(_provenance(published))
+
+
+def provenance_origin(provenance: dict[str, Any]) -> dict[str, str]:
+    """A run's origin as :func:`run_origins` records it, from a publication's provenance: its
+    commit and machine."""
+    return {"commit": str((provenance.get("git") or {}).get("commit")),
+            "machine": machine_text(provenance.get("machine"))}
 
 
 def run_origins(published: Path) -> dict[str, dict[str, str]]:
@@ -219,8 +223,8 @@ def published_runs(published_root: Path) -> list[Path]:
 def verdicts_table(published_root: str | os.PathLike, link_base: str = "published") -> str:
     """The README's verdicts block: one row per published run, with what its runs cost and where
     (:func:`cost`) and a link to its page (``link_base``: the published folder relative to the
-    README); a study whose verdicts another row shows, figure for figure, points to it
-    (:func:`contained_in`)."""
+    README); a study whose configurations a later row shows with as many seeds or more points
+    to it (:func:`contained_in`)."""
     rows = ["| run | verdicts | trained | results |", "| --- | --- | --- | --- |"]
     runs = published_runs(Path(published_root))
     for run in runs:

@@ -153,17 +153,13 @@ def run_origins(checksums: dict[str, dict[str, Any]], prov: dict[str, Any], dest
     """Where each run summary in ``checksums`` was trained: one byte-identical to the summary
     the publication at ``dest`` held keeps that publication's origin (the stage reused the run);
     every other is this run's (``prov``: its provenance). ``{path: {"commit", "machine"}}``."""
-    from lmrepro.pipeline.pages import machine_text
+    from lmrepro.pipeline.pages import provenance_origin
     from lmrepro.results import SUMMARY
 
-    def origin(provenance: dict[str, Any]) -> dict[str, str]:
-        return {"commit": str((provenance.get("git") or {}).get("commit")),
-                "machine": machine_text(provenance.get("machine"))}
-
-    here = origin(prov)
+    here = provenance_origin(prov)
     old = read_json(dest / MANIFEST) if (dest / MANIFEST).is_file() else {}
     old_files, old_origins = old.get("files") or {}, old.get("run_origins") or {}
-    before = origin(read_json(dest / "reports/provenance.json")
+    before = provenance_origin(read_json(dest / "reports/provenance.json")
                     if (dest / "reports/provenance.json").is_file() else {"git": old})
     return {rel: (old_origins.get(rel, before)
                   if (old_files.get(rel) or {}).get("sha256") == c["sha256"] else here)
