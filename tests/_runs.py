@@ -65,3 +65,14 @@ def latest_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
 def load_checkpoint(run_dir: str | Path, identity: dict[str, Any]) -> dict[str, Any] | None:
     """Rank 0's state of a run directory's last checkpoint, written by the run ``identity``."""
     return Checkpoints(Path(run_dir), identity, steps=0).load()
+
+
+def run_first(point: Path) -> None:
+    """Turn ``point``'s seed-first folders back into the run-first layout (each run's identity
+    once, beside its seeds), as the RGC studies were published."""
+    for seed in sorted(d for d in point.iterdir() if d.name.startswith("seed")):
+        for run in sorted(seed.iterdir()):
+            (point / run.name).mkdir(exist_ok=True)
+            (run / "identity.json").replace(point / run.name / "identity.json")
+            run.rename(point / run.name / seed.name)
+        seed.rmdir()

@@ -442,3 +442,27 @@ def test_a_study_gets_its_page_and_a_readme_holding_its_markers_its_section(
     assert S.update_profile_section(readme, pub, "horizon", "published/horizon")
     text = readme.read_text()
     assert "old" not in text and "[published/horizon/results/analysis/scaling/](x)" in text
+
+
+def test_a_marked_section_is_replaced_in_place_and_writing_it_again_changes_nothing(
+        tmp_path: Path) -> None:
+    """One rule writes every generated section (README and docs): only the part between the
+    markers changes, a second write gives the same page (no blank line creeps in, whether the
+    section ends its line or not), and a page whose markers are missing, doubled or out of
+    order is refused naming the page."""
+    from lmrepro.errors import ParameterError
+    from lmrepro.pipeline.sections import write_marked
+
+    b, e = "<!-- x:begin -->", "<!-- x:end -->"
+    page = tmp_path / "page.md"
+    for section in (f"{b}\nnew\n{e}\n", f"{b}\nnew\n{e}"):
+        page.write_text(f"head\n{b}\nold\nlines\n{e}\ntail\n")
+        write_marked(page, b, e, section)
+        assert page.read_text() == "head\n" + section.rstrip("\n") + "\ntail\n"
+        write_marked(page, b, e, section)
+        assert page.read_text() == "head\n" + section.rstrip("\n") + "\ntail\n"
+    for bad in (f"{b}\n{e}\n{b}\n", f"{e}\n{b}\n", "no markers\n"):
+        page.write_text(bad)
+        with pytest.raises(ParameterError, match=r"page = .*page\.md.: must hold the markers"):
+            write_marked(page, b, e, f"{b}{e}")
+        assert page.read_text() == bad

@@ -4,9 +4,11 @@ derives, the test split every run is scored on, resume and identity, and the poo
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from lmrepro.errors import ConfigError
@@ -107,21 +109,21 @@ def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
                                                                else 0.5))
         assert r["beyond_is_better"] == (r["beyond_final_bpb"] < r["grid_bpb"])
     # verdict point (L4): every run at its sweep winner, seeds 0 and 1; L2: seed 0 only
-    assert sorted(out) == sorted([f"a/L4/{r}/seed{s}" for r in ("rgc", "rgc_stale1",
+    assert sorted(out) == sorted([f"a/L4/seed{s}/{r}" for r in ("rgc", "rgc_stale1",
                                                                   "backprop") for s in (0, 1)]
-                                 + [f"a/L2/{r}/seed0" for r in ("rgc", "rgc_stale1",
+                                 + [f"a/L2/seed0/{r}" for r in ("rgc", "rgc_stale1",
                                                                 "backprop")])
     for key, d in out.items():
         s = read_summary(d)
         assert s.details.final_test_bpb is not None and (d / "eval_losses_test.json").exists()
         if key.startswith("a/L4/"):
-            assert s.config["settings"]["lr"] == sweep["best"][key.split("/")[2]]
+            assert s.config["settings"]["lr"] == sweep["best"][key.split("/")[3]]
         assert s.config["settings"]["consensus_staleness"] == (1 if "stale1" in key else 0)
         assert set(s.config) == {"model", "settings"}       # every trainer's layout
         assert "n_layers" in s.config["model"] and "n_layers" not in s.config["settings"]
     # staleness changes what is learned (the decoder's updates arrive a step late)
-    a = json.loads((out["a/L4/rgc/seed0"] / "eval_losses.json").read_text())["losses"]
-    b = json.loads((out["a/L4/rgc_stale1/seed0"] / "eval_losses.json").read_text())["losses"]
+    a = json.loads((out["a/L4/seed0/rgc"] / "eval_losses.json").read_text())["losses"]
+    b = json.loads((out["a/L4/seed0/rgc_stale1"] / "eval_losses.json").read_text())["losses"]
     assert a != b
     # a second call trains nothing (finished runs are kept) ...
     before = {k: (d / "summary.json").stat().st_mtime_ns for k, d in out.items()}
@@ -131,12 +133,12 @@ def test_the_study_sweeps_then_trains_every_point_scored_on_test(prepared: Path,
     changed = _suite(runs=[*_study()["runs"][:2],
                            {"name": "backprop", "executor": "backprop", "lr": 0.0005}])
     out2 = scaling_stage(changed, prepared, tmp_path / "st")
-    for key in ("a/L2/rgc/seed0", "a/L4/rgc_stale1/seed1"):
+    for key in ("a/L2/seed0/rgc", "a/L4/seed1/rgc_stale1"):
         assert (out2[key] / "summary.json").stat().st_mtime_ns == before[key]
-    lr = read_summary(out2["a/L2/backprop/seed0"]).config["settings"]["lr"]
+    lr = read_summary(out2["a/L2/seed0/backprop"]).config["settings"]["lr"]
     assert lr in (0.00025, 0.0005, 0.001)
-    assert list((tmp_path / "st" / "runs" / "a" / "L2").glob("backprop.kept-*"))
-    assert not list((tmp_path / "st" / "runs" / "a" / "L2").glob("rgc.kept-*"))
+    assert list((tmp_path / "st" / "runs" / "a" / "L2").glob("seed0/backprop.kept-*"))
+    assert not list((tmp_path / "st" / "runs" / "a" / "L2").glob("seed*/rgc.kept-*"))
 
 
 def test_the_pool_trains_runs_two_at_a_time_with_the_same_results(prepared: Path,
@@ -158,7 +160,6 @@ def test_a_published_study_is_put_back_without_training(prepared: Path, tmp_path
     """--restore-from: every run comes back from a published copy (only the files a
     publication keeps), nothing is trained, and the analysis reads the same losses; a run
     the publication lacks stops it with a one-line error naming the flag."""
-    import shutil
 
     from lmrepro.errors import ParameterError
     from lmrepro.rgc.study import scaling
@@ -183,9 +184,48 @@ def test_a_published_study_is_put_back_without_training(prepared: Path, tmp_path
         assert read_summary(back[k]).final_bpb == read_summary(made[k]).final_bpb
         assert (back[k] / "eval_losses_test.json").read_bytes() == \
             (made[k] / "eval_losses_test.json").read_bytes()
-    shutil.rmtree(published / "runs" / "a" / "L3" / "backprop" / "seed1")
+    shutil.rmtree(published / "runs" / "a" / "L3" / "seed1" / "backprop")
     with pytest.raises(ParameterError, match="--restore-from"):
         run_study(suite, prepared, tmp_path / "again", restore_from=published)
+
+
+def test_a_study_in_the_run_first_layout_is_moved_and_reused_and_restored_from(
+        prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RGC studies were published run-first (``<point>/<run>/seed<N>``, one identity per
+    run): a results folder in that layout is moved to ``seed<N>/<run>`` and every run reused
+    (nothing trains, the same files), its analysis rows are those of the seed-first study, and
+    a run-first publication restores a study as a seed-first one does."""
+    from lmrepro.rgc.study import scaling
+    from lmrepro.rgc.study.report import study_runs
+    from lmrepro.rgc.study.scaling import run_study
+    from _runs import run_first
+
+    suite = _suite(lengths={"a": [3]})
+    made = run_study(suite, prepared, tmp_path / "st")
+    rows = study_runs(tmp_path / "st").drop(columns="path")
+    files = {p.relative_to(tmp_path / "st"): p.read_bytes()
+             for p in sorted((tmp_path / "st").rglob("*.json")) if p.name != "identity.json"}
+    for point in (tmp_path / "st").glob("*/a/L3"):
+        run_first(point)
+    assert not (made["a/L3/seed0/rgc"] / "summary.json").exists()
+    pd.testing.assert_frame_equal(study_runs(tmp_path / "st").drop(columns="path"), rows)
+    published = tmp_path / "published"
+    shutil.copytree(tmp_path / "st", published, ignore=shutil.ignore_patterns("*.pt"))
+
+    def no_training(job: object) -> None:
+        raise AssertionError("a study moved to the one layout trains nothing")
+
+    monkeypatch.setattr(scaling, "train_job", no_training)
+    again = run_study(suite, prepared, tmp_path / "st")
+    assert again == made
+    assert {p.relative_to(tmp_path / "st"): p.read_bytes()
+            for p in sorted((tmp_path / "st").rglob("*.json"))
+            if p.name != "identity.json"} == files
+    back = run_study(suite, prepared, tmp_path / "back", restore_from=published)
+    assert sorted(back) == sorted(made)
+    for k in made:
+        assert (back[k] / "eval_losses_test.json").read_bytes() == \
+            (made[k] / "eval_losses_test.json").read_bytes()
 
 
 def test_a_profile_without_a_study_writes_a_plan_saying_so(prepared: Path, tmp_path: Path
@@ -222,8 +262,8 @@ def test_the_analysis_pairs_each_rgc_run_with_backprop_by_seed_on_the_test_split
     row = gaps[(gaps.steps == 4) & (gaps.candidate == "rgc")].iloc[0]
     per_seed = []
     for seed in (0, 1):
-        b = load_run("b", tmp_path / "st" / "runs" / "a" / "L4" / "backprop" / f"seed{seed}")
-        c = load_run("c", tmp_path / "st" / "runs" / "a" / "L4" / "rgc" / f"seed{seed}")
+        b = load_run("b", tmp_path / "st" / "runs" / "a" / "L4" / f"seed{seed}" / "backprop")
+        c = load_run("c", tmp_path / "st" / "runs" / "a" / "L4" / f"seed{seed}" / "rgc")
         per_seed.append(float(np.mean((np.array(c.test_losses) - np.array(b.test_losses))
                                       / np.array(b.test_losses))))
     assert row["mean"] == pytest.approx(np.mean(per_seed), rel=1e-6)
@@ -271,7 +311,6 @@ def test_the_frontier_puts_each_runs_gap_beside_the_benchmarks_throughput_at_its
     """RGC at H = 1 and 2, lockstep and running ahead, against backprop: the frontier table
     reads each run's H and s from its summary and the benchmark's async/backprop ratio at the
     same (H, s); a pair the benchmark did not run has none."""
-    import pandas as pd
 
     from lmrepro.data.ngram import corpus_floor
     from lmrepro.rgc.study.scaling import scaling_stage
@@ -285,7 +324,7 @@ def test_the_frontier_puts_each_runs_gap_beside_the_benchmarks_throughput_at_its
             {"name": "backprop", "executor": "backprop", "lr": 0.003}]
     suite = _suite(runs=runs, sweep_factors=[], lengths={"a": [3]}, seeds={"a": [0, 1]})
     out = scaling_stage(suite, prepared, tmp_path / "st")
-    assert read_summary(out["a/L3/rgc_H2_stale1/seed0"]).details.stage_gradient_delay == \
+    assert read_summary(out["a/L3/seed0/rgc_H2_stale1"]).details.stage_gradient_delay == \
         [1, 1, 0, 0]
     got = write_analysis(tmp_path / "st", tmp_path / "an", StatsConfig(n_resamples=200),
                          suite.scaling, {"c": corpus_floor(prepared / "c")}, "c")

@@ -114,7 +114,7 @@ def test_stage_runs_the_sweep_then_the_suite_at_the_winners(corpus, tmp_path, mo
     assert list(grid["lr"]) == ["0.001", "0.01", "0.1", "1"] and grid.shape[1] == 4
     doc = tmp_path / "scape.md"
     doc.write_text(f"# x\n\n{report.BEGIN}\nold\n{report.END}\n\ntail\n")
-    from lmrepro.pipeline.pages import write_marked
+    from lmrepro.pipeline.sections import write_marked
 
     write_marked(doc, report.BEGIN, report.END, report.doc_section(rep, "results"))
     text = doc.read_text()

@@ -200,3 +200,48 @@ def test_a_seed_folder_name_is_read_back_by_the_rule_that_writes_it() -> None:
     for bad in ("seedx", "run3", "seed", "seed-1"):
         with pytest.raises(ParameterError, match="seed<N>"):
             seed_of(bad)
+
+
+def test_a_run_label_has_one_layout_and_the_run_first_order_reads_the_same() -> None:
+    """Every stage and study puts a run at ``<point>/seed<N>/<run>`` (rundirs.run_path); the
+    run-first order the RGC studies were published in (``<point>/<run>/seed<N>``) is read to
+    the same (point, seed, run), and a label with no seed folder is refused by name."""
+    from lmrepro.errors import ParameterError
+    from lmrepro.rundirs import run_label, run_path, split_run_label
+
+    assert run_label("4x64/L3000", 2, "rgc_H2") == "4x64/L3000/seed2/rgc_H2"
+    assert run_path("runs/c", 0, "adams") == Path("runs/c/seed0/adams")
+    for label in ("4x64/L3000/seed2/rgc_H2", "4x64/L3000/rgc_H2/seed2"):
+        assert split_run_label(label) == ("4x64/L3000", 2, "rgc_H2")
+    assert split_run_label("shakespeare/seed0/backprop") == ("shakespeare", 0, "backprop")
+    for bad in ("4x64/L3000/rgc/run1", "rgc"):
+        with pytest.raises(ParameterError, match="run label"):
+            split_run_label(bad)
+
+
+def test_seed_first_moves_run_first_folders_with_their_identity_and_leaves_a_taken_place(
+        tmp_path: Path) -> None:
+    """A run-first point becomes seed-first: every seed's folder moves as it is (its files
+    untouched), each takes a copy of its run's identity, a folder set aside moves by the same
+    rule, and a place already taken keeps both folders (nothing is lost)."""
+    from lmrepro.rundirs import seed_first
+
+    point = tmp_path / "L3"
+    for run in ("rgc", "backprop", "rgc.kept-0123"):
+        (point / run).mkdir(parents=True)
+        (point / run / "identity.json").write_text(json.dumps({"run": run}))
+        for seed in (0, 1):
+            (point / run / f"seed{seed}").mkdir()
+            (point / run / f"seed{seed}" / "summary.json").write_text(f"{run} {seed}")
+    (point / "seed1" / "backprop").mkdir(parents=True)        # taken: both stay
+    assert seed_first(point) == 5
+    for run in ("rgc", "rgc.kept-0123"):
+        for seed in (0, 1):
+            moved = point / f"seed{seed}" / run
+            assert (moved / "summary.json").read_text() == f"{run} {seed}"
+            assert json.loads((moved / "identity.json").read_text()) == {"run": run}
+        assert not (point / run).exists()
+    assert (point / "seed0" / "backprop" / "summary.json").read_text() == "backprop 0"
+    assert (point / "backprop" / "seed1" / "summary.json").read_text() == "backprop 1"
+    assert not list((point / "seed1" / "backprop").iterdir())
+    assert seed_first(point) == 0 and seed_first(tmp_path / "none") == 0

@@ -108,18 +108,73 @@ def prepare_runs_dir(runs_dir: str | Path, identity: dict[str, Any]) -> Path:
 
 
 def seed_dir(seed: int) -> str:
-    """The folder of a stage's runs trained with ``seed``: ``runs/<corpus>/seed<N>/<run>`` (a
-    suite runs once per seed; the analysis pairs runs by the seed in their summaries)."""
+    """The folder of the runs trained with ``seed``, the level above each run's own folder in
+    every stage and study (:func:`run_path`)."""
     return f"{SEED_PREFIX}{seed}"
+
+
+def is_seed_dir(folder: str) -> bool:
+    """Whether ``folder`` is a :func:`seed_dir` name."""
+    return folder.startswith(SEED_PREFIX) and folder.removeprefix(SEED_PREFIX).isdigit()
 
 
 def seed_of(folder: str) -> int:
     """The seed a :func:`seed_dir` folder name holds (``seed3`` -> 3); anything else is refused
     by name."""
-    digits = folder.removeprefix(SEED_PREFIX)
-    check(folder.startswith(SEED_PREFIX) and digits.isdigit(), "seed folder", folder,
+    check(is_seed_dir(folder), "seed folder", folder,
           f"must be {SEED_PREFIX}<N> (rundirs.seed_dir)")
-    return int(digits)
+    return int(folder.removeprefix(SEED_PREFIX))
+
+
+def run_path(point: str | Path, seed: int, run: str) -> Path:
+    """The one run-directory layout: a run's folder is ``<point>/seed<N>/<run>``, where
+    ``<point>`` is a suite's ``runs/<corpus>`` or a study's ``<kind>/<size>/L<steps>``."""
+    return Path(point) / seed_dir(seed) / run
+
+
+def run_label(point: str, seed: int, run: str) -> str:
+    """A run's label: its :func:`run_path` below the runs folder (``4x64/L3000/seed0/rgc``)."""
+    return run_path(point, seed, run).as_posix()
+
+
+def split_run_label(label: str) -> tuple[str, int, str]:
+    """``(point, seed, run)`` of a run's label (:func:`run_label`). The run-first order in
+    which the published RGC length studies keep their runs (``published/rgc_*``:
+    ``.../L3000/rgc/seed0``) reads the same; anything else is refused by name."""
+    parts = label.split("/")
+    check(len(parts) >= 2 and (is_seed_dir(parts[-2]) or is_seed_dir(parts[-1])), "run label",
+          label, f"must end in {SEED_PREFIX}<N>/<run> (rundirs.run_label)")
+    seed, run = (parts[-2], parts[-1]) if is_seed_dir(parts[-2]) else (parts[-1], parts[-2])
+    return "/".join(parts[:-2]), seed_of(seed), run
+
+
+def seed_first(point: str | Path) -> int:
+    """Move the run-first folders below ``point`` (``<run>/seed<N>/``, with the run's
+    ``identity.json`` beside the seeds) to :func:`run_path`'s places, each with a copy of its
+    identity, so the runs are read and reused as they are; how many moved. Folders set aside
+    move the same way (``<run>.kept-<key>``); a place already taken keeps both where they are
+    (logged). Call it under the stage's writer lock."""
+    point, moved = Path(point), 0
+    for old in sorted(p for p in point.iterdir() if p.is_dir()) if point.is_dir() else []:
+        seeds = [d for d in old.iterdir() if d.is_dir() and is_seed_dir(d.name)]
+        if is_seed_dir(old.name) or not seeds:
+            continue
+        check_no_other_writer(old)
+        for seed in sorted(seeds):
+            target = point / seed.name / old.name
+            if target.exists():
+                log.warning("%s: %s is taken, left where it is", seed, target)
+                continue
+            target.parent.mkdir(exist_ok=True)
+            seed.rename(target)
+            if (old / IDENTITY).is_file():
+                shutil.copyfile(old / IDENTITY, target / IDENTITY)
+            moved += 1
+        if not any(d.is_dir() for d in old.iterdir()):
+            shutil.rmtree(old)
+    if moved:
+        log.info("%s: %d run folders moved from <run>/seed<N> to seed<N>/<run>", point, moved)
+    return moved
 
 
 def _read_identity(marker: Path) -> Any:
@@ -131,26 +186,33 @@ def _read_identity(marker: Path) -> Any:
 
 
 def collect_runs(runs_dir: str | Path) -> dict[str, Path]:
-    """Finished run directories at any depth under ``runs_dir`` (``<corpus>/seed<N>/<run>``),
+    """Finished run directories at any depth under ``runs_dir`` (:func:`run_path`),
     labelled by their path below it, e.g. ``{"shakespeare/seed0/adamw": path}``, sorted; none
-    from a folder set aside."""
+    from a folder set aside or a checkpoint."""
     runs_dir = Path(runs_dir)
     return {summary.parent.relative_to(runs_dir).as_posix(): summary.parent
             for summary in sorted(runs_dir.rglob(SUMMARY))
-            if not set_aside(summary.relative_to(runs_dir))}
+            if not set_aside(rel := summary.relative_to(runs_dir))
+            and "checkpoints" not in rel.parts}
 
 
 def restore_run(run_dir: str | Path, stage: str | Path, published_stage: str | Path) -> bool:
     """Put back the published run at ``run_dir``'s place below ``published_stage`` (a
-    published study's stage folder: its runs' summaries and per-batch losses) when ``run_dir``
-    (below ``stage``) has not finished; whether it copied. A finished run is left as it is."""
+    published study's stage folder: its runs' summaries and per-batch losses; the run-first
+    order of :func:`split_run_label` found too) when ``run_dir`` (below ``stage``) has not
+    finished; whether it copied. A finished run is left as it is, and so is the identity the
+    stage wrote into ``run_dir``."""
     run_dir = Path(run_dir)
     if (run_dir / SUMMARY).exists():
         return False
-    src = Path(published_stage) / run_dir.relative_to(stage)
+    rel = run_dir.relative_to(stage)
+    src = Path(published_stage) / rel
+    if not src.is_dir() and is_seed_dir(rel.parent.name):
+        src = Path(published_stage) / rel.parent.parent / rel.name / rel.parent.name
     check((src / SUMMARY).is_file(), "--restore-from", str(published_stage),
           f"must hold every run of the study; {src} has no {SUMMARY}")
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    shutil.copytree(src, run_dir)
+    for old in run_dir.iterdir() if run_dir.exists() else []:
+        if old.name != IDENTITY:
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+    shutil.copytree(src, run_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(IDENTITY))
     return True

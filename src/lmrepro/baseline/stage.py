@@ -13,7 +13,7 @@ from lmrepro.model import ModelConfig
 from lmrepro.runlock import holds_writer_lock
 from lmrepro.results import SUMMARY, read_summary
 from lmrepro.pipeline.stage_products import write_stage_products
-from lmrepro.rundirs import prepare_runs_dir, seed_dir
+from lmrepro.rundirs import prepare_runs_dir, run_label
 
 
 @holds_writer_lock("stage_dir")
@@ -37,7 +37,7 @@ def run_suite(suite: BaselineSuite, model: ModelConfig, seeds: Sequence[int],
     for corpus in suite.corpora:
         train, val = splits[corpus]
         for seed in seeds:
-            label = f"{corpus}/{seed_dir(seed)}/backprop"
+            label = run_label(corpus, seed, "backprop")
             run_dir = stage_dir / "runs" / label
             out[label] = (read_summary(run_dir).to_json() if (run_dir / SUMMARY).exists()
                           else train_single(model, suite, train, val, run_dir, seed=seed,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +22,34 @@ from scipy import stats as sps
 
 from lmrepro.io import read_json
 from lmrepro.pipeline.analysis import Run
-from lmrepro.results import SUMMARY
-from lmrepro.rundirs import set_aside
+from lmrepro.rundirs import collect_runs, split_run_label
 from lmrepro.stats import StatsConfig, noninferiority
 
 LOG2 = math.log(2)
 
 
-def find_runs(root: Path) -> dict[str, Path]:
-    """Finished run directories below ``root`` by their path relative to it."""
-    return {str(p.parent.relative_to(root)): p.parent for p in sorted(root.glob(f"**/{SUMMARY}"))
-            if "checkpoints" not in p.parts and not set_aside(p.relative_to(root))}
+@dataclass(frozen=True)
+class StudyRun:
+    """A finished run of a study, by where it lies: ``<size>/L<steps>/seed<N>/<run>``."""
+
+    label: str
+    size: str
+    steps: int
+    seed: int
+    run: str
+    path: Path
+
+
+def find_runs(root: Path) -> list[StudyRun]:
+    """The finished runs below a study's folder of runs (``runs``, ``sweep``, ``ablations``),
+    sorted by label (:func:`lmrepro.rundirs.collect_runs`,
+    :func:`~lmrepro.rundirs.split_run_label`)."""
+    found = []
+    for label, path in collect_runs(root).items():
+        point, seed, run = split_run_label(label)
+        size, length = point.split("/")[-2:]
+        found.append(StudyRun(label, size, int(length.removeprefix("L")), seed, run, path))
+    return found
 
 
 def finished_at(run: Run) -> str | None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_text, read_json
+from lmrepro.pipeline.sections import has_markers, write_marked
 
 PAGE = "README.md"
 MANIFEST = "MANIFEST.json"
@@ -241,13 +242,10 @@ def update_verdicts(readme: str | os.PathLike, published_root: str | os.PathLike
     nothing when the README has no such markers. Returns whether it wrote."""
     readme = Path(readme)
     text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
-    if text.count(BEGIN) != 1 or text.count(END) != 1:
+    if not has_markers(text, BEGIN, END):
         return False
     base = os.path.relpath(Path(published_root).resolve(), readme.parent.resolve())
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    atomic_write_text(readme, head + verdicts_table(published_root, base)
-                      + tail.removeprefix("\n"))
+    write_marked(readme, BEGIN, END, verdicts_table(published_root, base))
     return True
 
 
@@ -315,16 +313,6 @@ def write_from_run(root: str | Path, dest: str | Path) -> list[Path]:
 
     return [write_headline(Path(dest) / stage, items)
             for stage, items in from_run(root).items()]
-
-
-def write_marked(doc: str | os.PathLike, begin: str, end: str, section: str) -> None:
-    """Replace the part of ``doc`` from the marker ``begin`` to ``end`` with ``section`` (which
-    carries the markers); a page without them is refused by name."""
-    path = Path(doc)
-    body = path.read_text(encoding="utf-8")
-    check(begin in body and end in body, "doc", str(path), f"must hold {begin} ... {end}")
-    head, rest = body.split(begin, 1)
-    atomic_write_text(path, head + section + rest.split(end, 1)[1])
 
 
 def regenerate(root: str | os.PathLike = ".") -> list[Path]:

@@ -7,6 +7,8 @@ typed): what its page (:mod:`lmrepro.pipeline.pages`) holds, and what ``lmrepro 
   :data:`END`; a run made under older claim rules says so (:func:`stale_claims`).
 * :func:`update_profile_section`: a study's section (``results/analysis/*/readme_section.md``,
   its analysis wrote it) between the README markers of its profile (:func:`profile_markers`).
+* :func:`write_marked`: the one way a generated section replaces the part of a page between
+  its markers (the README's sections and verdicts, the docs' sections the wings generate).
 """
 
 from __future__ import annotations
@@ -31,6 +33,31 @@ def profile_markers(profile: str) -> tuple[str, str]:
             f"<!-- lmrepro:{profile}:end -->")
 
 
+def has_markers(text: str, begin: str, end: str) -> bool:
+    """Whether ``text`` holds ``begin`` and then ``end``, each once."""
+    return text.count(begin) == 1 and text.count(end) == 1 and \
+        text.index(begin) < text.index(end)
+
+
+def replace_marked(text: str, begin: str, end: str, section: str) -> str:
+    """``text`` with its part from ``begin`` to ``end`` (markers included, :func:`has_markers`)
+    replaced by ``section`` (which carries the markers). A section that ends its line takes
+    the line break after ``end`` with it, so writing a section again never adds a blank line."""
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    return head + section + (tail.removeprefix("\n") if section.endswith("\n") else tail)
+
+
+def write_marked(page: str | os.PathLike, begin: str, end: str, section: str) -> None:
+    """Put ``section`` between ``page``'s markers (:func:`replace_marked`); a page without
+    them, each once, is refused by name."""
+    path = Path(page)
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    check(has_markers(text, begin, end), "page", str(path),
+          f"must hold the markers {begin!r} and {end!r} once each, in that order")
+    atomic_write_text(path, replace_marked(text, begin, end, section))
+
+
 def update_profile_section(readme: str | os.PathLike, published: str | os.PathLike,
                            profile: str, link_base: str) -> bool:
     """Put the published run's ``results/analysis/*/readme_section.md`` (its analysis wrote it,
@@ -40,7 +67,7 @@ def update_profile_section(readme: str | os.PathLike, published: str | os.PathLi
     begin, end = profile_markers(profile)
     parts = sorted(published.glob("results/analysis/*/readme_section.md"))
     text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
-    if not parts or text.count(begin) != 1 or text.count(end) != 1:
+    if not parts or not has_markers(text, begin, end):
         return False
     prov = read_json(published / "reports/provenance.json")
     git = prov.get("git") or {}
@@ -50,9 +77,7 @@ def update_profile_section(readme: str | os.PathLike, published: str | os.PathLi
             f"{(prov.get('machine') or {}).get('cpu_model', 'unknown CPU')}.\n\n")
     body = head + "\n".join(p.read_text(encoding="utf-8").replace("{published}", link_base)
                             for p in parts)
-    before, rest = text.split(begin, 1)
-    _, after = rest.split(end, 1)
-    atomic_write_text(readme, f"{before}{begin}\n{body.rstrip()}\n{end}{after}")
+    write_marked(readme, begin, end, f"{begin}\n{body.rstrip()}\n{end}")
     return True
 
 
@@ -150,19 +175,12 @@ def update_readme(readme: str | os.PathLike, published: str | os.PathLike,
                   link_base: str = "published/reference") -> None:
     """Replace the README's section between :data:`BEGIN` and :data:`END` with
     :func:`results_section` (both markers must be there, once each)."""
-    readme = Path(readme)
-    text = readme.read_text(encoding="utf-8")
-    check(text.count(BEGIN) == 1 and text.count(END) == 1, "readme", str(readme),
-          f"must hold the markers {BEGIN!r} and {END!r} once each")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    atomic_write_text(readme, head + results_section(published, link_base)
-                      + tail.removeprefix("\n"))
+    write_marked(readme, BEGIN, END, results_section(published, link_base))
 
 
 def readme_section(readme: str | os.PathLike) -> str:
     """The README's current section between the markers (markers included)."""
     text = Path(readme).read_text(encoding="utf-8")
-    check(text.count(BEGIN) == 1 and text.count(END) == 1, "readme", str(readme),
-          f"must hold the markers {BEGIN!r} and {END!r} once each")
+    check(has_markers(text, BEGIN, END), "readme", str(readme),
+          f"must hold the markers {BEGIN!r} and {END!r} once each, in that order")
     return BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END + "\n"

@@ -13,7 +13,7 @@ from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.runlock import holds_writer_lock
 from lmrepro.results import SUMMARY, read_run
 from lmrepro.pipeline.stage_products import write_stage_products
-from lmrepro.rundirs import prepare_runs_dir, seed_dir
+from lmrepro.rundirs import prepare_runs_dir, run_label, run_path, seed_dir
 from lmrepro.rgc.core.corpus import check_data
 from lmrepro.rgc.config import RGCConfig, RGCSuite, check_executor
 from lmrepro.rgc.executors.isolated import train_in_fresh_process
@@ -74,10 +74,11 @@ def run_suite(suite: RGCSuite, seeds: Sequence[int], prepared_dir: str | Path,
         log.info("RGC suite %s x seeds %s on %s -> %s", list(suite.executors), list(seeds),
                  corpus, stage_dir / "runs" / corpus)
         for seed in seeds:
-            where = f"{corpus}/{seed_dir(seed)}"
-            run_executors(train_data, val_data, corpus, stage_dir / "runs" / where,
+            run_executors(train_data, val_data, corpus,
+                          stage_dir / "runs" / corpus / seed_dir(seed),
                           suite.config, suite.executors, seed, tests[corpus])
-            out.update({f"{where}/{RUN_NAMES[e]}": stage_dir / "runs" / where / RUN_NAMES[e]
+            out.update({run_label(corpus, seed, RUN_NAMES[e]):
+                        run_path(stage_dir / "runs" / corpus, seed, RUN_NAMES[e])
                         for e in suite.executors})
     write_stage_products(stage_dir, out)
     return out

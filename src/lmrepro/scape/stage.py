@@ -12,7 +12,7 @@ from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
 from lmrepro.runlock import holds_writer_lock
 from lmrepro.pipeline.stage_products import write_stage_products
-from lmrepro.rundirs import prepare_runs_dir, seed_dir
+from lmrepro.rundirs import prepare_runs_dir, run_label, seed_dir
 from lmrepro.scape.config import ScapeRun, ScapeSuite
 from lmrepro.scape.train.launch import run_scape_suite
 from lmrepro.scape.train.sweep import apply_best, run_sweep
@@ -60,10 +60,10 @@ def run_suite(suite: ScapeSuite, model: ModelConfig, seeds: Sequence[int],
              {r.run_name: r.lr_or(suite.lr) for r in runs})
     out: dict[str, Path] = {}
     for seed in seeds:
-        where = f"{suite.corpus}/{seed_dir(seed)}"
-        dirs = run_scape_suite(Path(prepared_dir) / suite.corpus, stage_dir / "runs" / where,
+        dirs = run_scape_suite(Path(prepared_dir) / suite.corpus,
+                               stage_dir / "runs" / suite.corpus / seed_dir(seed),
                                suite.settings, runs, model, suite.world_size, seed=seed,
                                corpus=suite.corpus)
-        out.update({f"{where}/{d.name}": d for d in dirs})
+        out.update({run_label(suite.corpus, seed, d.name): d for d in dirs})
     write_stage_products(stage_dir, out)
     return out

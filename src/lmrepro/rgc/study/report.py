@@ -28,7 +28,7 @@ from lmrepro.pipeline.analysis import analysis_records, load_run, run_comparison
 from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finished_at, losses,
                                            paired_test, read_if_there, records, shown, trend)
 from lmrepro.results import run_settings
-from lmrepro.rundirs import seed_dir, seed_of
+from lmrepro.rundirs import run_label
 from lmrepro.rgc.details import RGCDetails
 from lmrepro.stats import StatsConfig
 
@@ -43,21 +43,23 @@ LINK_BASE = "{published}"
 
 
 def study_runs(stage_dir: str | Path) -> pd.DataFrame:
-    """One row per finished run of the study (``runs/<size>/L<steps>/<run>/seed<N>``)."""
+    """One row per finished run of the study (``runs/<size>/L<steps>/seed<N>/<run>``), by size,
+    length, run and seed."""
     rows = []
-    for rel, path in find_runs(Path(stage_dir) / "runs").items():
-        size, length, name, seed = rel.split("/")[-4:]
-        run = load_run(rel, path)
+    for found in find_runs(Path(stage_dir) / "runs"):
+        run = load_run(found.label, found.path)
         s = run.summary
         d = RGCDetails.of(s)
-        rows.append({"kind": "runs", "size": size, "steps": int(length.removeprefix("L")),
-                     "run": name, "seed": seed_of(seed),
+        rows.append({"kind": "runs", "size": found.size, "steps": found.steps,
+                     "run": found.run, "seed": found.seed,
                      "executor": d.executor, "horizon": d.horizon, "consensus_staleness":
                      d.consensus_staleness, "lr": run_settings(s.config).get("lr"),
                      "val_bpb": s.final_bpb, "test_bpb": d.final_test_bpb,
                      "diverged_at_step": s.diverged_at_step,
-                     "finished_at": finished_at(run), "path": str(path)})
-    return pd.DataFrame(rows, columns=RUN_COLUMNS)
+                     "finished_at": finished_at(run), "path": str(found.path)})
+    # by run, then seed: the order a reader scans, whatever the folders' order on disk
+    return pd.DataFrame(rows, columns=RUN_COLUMNS).sort_values(
+        ["size", "steps", "run", "seed"], kind="stable", ignore_index=True)
 
 
 def _mean_bpb(runs: list[Any]) -> float:
@@ -99,7 +101,7 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, candidate: str, b
     read."""
     point = runs[(runs["size"] == size) & (runs.steps == steps)
                  & runs.run.isin([candidate, baseline])]
-    named = {f"{size}/L{steps}/{r.run}/{seed_dir(r.seed)}": r.path for r in point.itertuples()}
+    named = {run_label(f"{size}/L{steps}", r.seed, r.run): r.path for r in point.itertuples()}
     outcomes = run_comparisons(named, stats=stats, floors=floors)
     return analysis_records(named, stage=STAGE, stats=stats, outcomes=outcomes, floors=floors)
 

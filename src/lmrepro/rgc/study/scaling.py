@@ -27,10 +27,12 @@ and ``parallel`` runs train at once, each on ``threads`` threads, which keeps 2 
 busy with small models (a run's clock is therefore not a throughput figure; the study reports
 none).
 
-Run directories: ``<stage>/sweep/<size>/L<steps>/<run>@lr<lr>/seed<N>/`` and
-``<stage>/runs/<size>/L<steps>/<run>/seed<N>/``; each ``<run>`` directory stores its identity
-(the run's whole configuration and the data's manifest, :func:`lmrepro.rundirs.prepare_runs_dir`),
-so adding a run or a seed keeps every finished one and a changed setting never reuses one.
+Run directories: ``<stage>/sweep/<size>/L<steps>/seed<N>/<run>@lr<lr>/`` and
+``<stage>/runs/<size>/L<steps>/seed<N>/<run>/`` (the one layout, :func:`lmrepro.rundirs.run_path`;
+run-first folders, ``<run>/seed<N>``, are moved there first: :func:`lmrepro.rundirs.seed_first`);
+each run's directory stores its own identity (the run's whole configuration and the data's
+manifest, :func:`lmrepro.rundirs.prepare_runs_dir`), so adding a run or a seed keeps every
+finished one and a changed setting never reuses one.
 The analysis is :mod:`lmrepro.rgc.study.report`.
 """
 
@@ -48,7 +50,7 @@ from lmrepro.data.stage import data_identity
 from lmrepro.model import ModelConfig
 from lmrepro.pipeline.study_engine import LengthStudy, Point, RunDirs, no_study
 from lmrepro.results import SUMMARY
-from lmrepro.rundirs import prepare_runs_dir, restore_run, seed_dir
+from lmrepro.rundirs import prepare_runs_dir, restore_run, run_path, seed_first
 from lmrepro.rgc.config import RGCConfig, RGCScaling, RGCStudyRun, RGCSuite
 from lmrepro.runlock import holds_writer_lock
 
@@ -141,15 +143,17 @@ class RGCStudy:
              seeds: list[int]) -> list[Job]:
         """The jobs of one point; each run's directory checked against its identity first."""
         s = self.study
+        point = self.stage / kind / size / f"L{steps}"
+        seed_first(point)
         out = []
         for run in runs:
             cfg = run_config(self.base, s.sizes[size], run, steps, s.warmup_fraction,
                              s.threads)
-            root = prepare_runs_dir(self.stage / kind / size / f"L{steps}" / run.name, {
-                "config": cfg.to_dict(), "executor": run.executor, "corpus": self.corpus,
-                "data": self.data})
-            out += [Job(root / seed_dir(seed), cfg.to_dict(), run.executor, seed,
-                        self.corpus_dir, self.corpus, run.name) for seed in seeds]
+            identity = {"config": cfg.to_dict(), "executor": run.executor,
+                        "corpus": self.corpus, "data": self.data}
+            out += [Job(prepare_runs_dir(run_path(point, seed, run.name), identity),
+                        cfg.to_dict(), run.executor, seed, self.corpus_dir, self.corpus,
+                        run.name) for seed in seeds]
         return out
 
     def execute(self, jobs: list[Job]) -> list[Path]:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from lmrepro.io import read_json
 from lmrepro.pipeline.pages import origin_of
-from lmrepro.rundirs import seed_dir
+from lmrepro.rundirs import run_path
 from lmrepro.scape.study.mechanism import describe
 from lmrepro.scape.study.review import commit_of
 
@@ -99,8 +99,8 @@ def rerun_table(published: str | Path, earlier: str | Path) -> list[str]:
     machines: tuple[set[str], set[str]] = (set(), set())
     for name in ("adams", "scape90", "scape99", "topk99"):
         for seed in range(10):
-            dirs = [Path(x) / "results" / "scaling" / "runs" / v["size"] / f"L{v['steps']}"
-                    / seed_dir(seed) / name for x in (published, earlier)]
+            dirs = [run_path(Path(x) / "results" / "scaling" / "runs" / v["size"]
+                             / f"L{v['steps']}", seed, name) for x in (published, earlier)]
             pair = [_run_at(d) for d in dirs]
             if all(pair) and pair[0]["config"] == pair[1]["config"]:
                 rows.append((name, seed, pair[0]["final_bpb"], pair[1]["final_bpb"]))

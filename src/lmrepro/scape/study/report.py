@@ -27,7 +27,7 @@ from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finis
                                            paired_test, read_if_there, shown, trend)
 from lmrepro.pipeline.length_study import losses as _losses
 from lmrepro.pipeline.length_study import records as table_records
-from lmrepro.rundirs import seed_dir, seed_of
+from lmrepro.rundirs import run_label
 from lmrepro.scape.study import mechanism
 from lmrepro.scape.details import ScapeDetails
 from lmrepro.stats import StatsConfig
@@ -48,19 +48,17 @@ def study_runs(stage_dir: str | Path) -> pd.DataFrame:
     stage_dir = Path(stage_dir)
     rows = []
     for kind in ("runs", "ablations"):
-        for rel, path in find_runs(stage_dir / kind).items():
-            parts = rel.split("/")
-            size, length, seed, name = parts[-4], parts[-3], parts[-2], parts[-1]
-            run = load_run(rel, path)
+        for found in find_runs(stage_dir / kind):
+            run = load_run(found.label, found.path)
             s = run.summary
             d = ScapeDetails.of(s)
-            rows.append({"kind": kind, "size": size, "steps": int(length.removeprefix("L")),
-                         "seed": seed_of(seed), "run": name,
+            rows.append({"kind": kind, "size": found.size, "steps": found.steps,
+                         "seed": found.seed, "run": found.run,
                          "method": s.method, "sparsity": d.sparsity or 0.0,
                          "lr": d.lr, "val_bpb": s.final_bpb,
                          "test_bpb": d.final_test_bpb,
                          "diverged_at_step": s.diverged_at_step,
-                         "finished_at": finished_at(run), "path": str(path)})
+                         "finished_at": finished_at(run), "path": str(found.path)})
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
@@ -186,7 +184,7 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfi
     variants in ``leave_out`` (:func:`lmrepro.scape.study.mechanism.variants`)."""
     point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)
                  & ~runs.run.isin(list(leave_out))]
-    named = {f"{size}/L{steps}/{seed_dir(r.seed)}/{r.run}": r.path for r in point.itertuples()}
+    named = {run_label(f"{size}/L{steps}", r.seed, r.run): r.path for r in point.itertuples()}
     outcomes = run_comparisons(named, stats=stats, floors=floors)
     return analysis_records(named, stage="scaling", stats=stats, outcomes=outcomes,
                             floors=floors)

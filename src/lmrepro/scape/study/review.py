@@ -16,7 +16,6 @@ from lmrepro.io import read_json
 from lmrepro.pipeline.length_study import find_runs, trend
 from lmrepro.pipeline.pages import origin_of
 from lmrepro.pipeline.runs import load_run
-from lmrepro.rundirs import seed_of
 from lmrepro.scape.study.report import _pct, gap_table, per_byte_table
 from lmrepro.stats import StatsConfig
 
@@ -27,12 +26,11 @@ def published_runs(published: str | Path) -> pd.DataFrame:
     """The study's runs (not its ablations) of a published profile, as the report's rows."""
     root = Path(published) / "results" / "scaling" / "runs"
     rows = []
-    for rel, path in find_runs(root).items():
-        size, length, seed, name = rel.split("/")
-        s = load_run(rel, path).summary
-        rows.append({"kind": "runs", "size": size, "steps": int(length.removeprefix("L")),
-                     "seed": seed_of(seed), "run": name, "method": s.method,
-                     "path": str(path)})
+    for found in find_runs(root):
+        s = load_run(found.label, found.path).summary
+        rows.append({"kind": "runs", "size": found.size, "steps": found.steps,
+                     "seed": found.seed, "run": found.run, "method": s.method,
+                     "path": str(found.path)})
     return pd.DataFrame(rows)
 
 

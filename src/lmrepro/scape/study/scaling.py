@@ -48,7 +48,7 @@ from lmrepro.model import ModelConfig
 from lmrepro.pipeline.study_engine import LengthStudy, Point, RunDirs, no_study
 from lmrepro.runlock import holds_writer_lock
 from lmrepro.results import SUMMARY
-from lmrepro.rundirs import prepare_runs_dir, seed_dir
+from lmrepro.rundirs import prepare_runs_dir, run_path, seed_dir
 from lmrepro.scape.config import (ScalingAblation, ScalingStudy, ScapeConfig, ScapeRun,
                                   ScapeSuite)
 from lmrepro.scape.train.launch import run_scape_suite
@@ -188,11 +188,10 @@ class ScapeStudy:
         point's run of the sweep's seed (the same settings, seed and lr: the same training;
         only its name differs), so that seed is not trained twice."""
         s = self.study
-        src_root = self.stage / "sweep" / s.verdict_size / f"L{s.verdict_steps}" / \
-            seed_dir(s.sweep_seed)
+        sweep = self.stage / "sweep" / s.verdict_size / f"L{s.verdict_steps}"
         for run in runs:
-            src = src_root / self.variant(run, self.lr(run)).run_name
-            dst = root / seed_dir(s.sweep_seed) / run.run_name
+            src = run_path(sweep, s.sweep_seed, self.variant(run, self.lr(run)).run_name)
+            dst = run_path(root, s.sweep_seed, run.run_name)
             if (src / SUMMARY).exists() and not (dst / SUMMARY).exists():
                 reuse_run(src, dst, run.run_name)
 
