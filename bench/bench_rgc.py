@@ -78,7 +78,8 @@ def stage_times(cfg_dict: dict, threads: int, repeats: int) -> dict[str, Any]:
 
     from lmrepro.data.batches import sample_batch
     from lmrepro.rgc.executors.worker_stages import WorkerStages
-    from lmrepro.rgc.core.recipe import batch_generator, build_model, make_adamw, micro_batches
+    from lmrepro.rgc.core.recipe import build_model, make_adamw, micro_batches
+    from lmrepro.seeds import batches_offset
     from lmrepro.rgc.config import RGCConfig
     from lmrepro.rgc.core.stages import decoder_parameters
 
@@ -91,7 +92,7 @@ def stage_times(cfg_dict: dict, threads: int, repeats: int) -> dict[str, Any]:
     opts = [make_adamw(model, r.params[k], cfg) for k, r in enumerate(runners)]
     opt_dec = make_adamw(model, decoder_parameters(model), cfg)
     train, _, _ = load_corpus()
-    gen = batch_generator(0)
+    gen = batches_offset(0)
     samples: dict[str, list[list[float]]] = {n: [[] for _ in range(K)]
                                              for n in ("pre_send", "post_send", "backward",
                                                        "optimizer")}

@@ -15,7 +15,8 @@ from lmrepro.memory import multiprocessing_helper_pids
 from lmrepro.model import lm_loss
 from lmrepro.results import read_run
 from lmrepro.rgc import RGCConfig, StageWorkerError, train
-from lmrepro.rgc.core.recipe import batch_generator, build_model, lr_at, micro_batches, set_lr
+from lmrepro.rgc.core.recipe import build_model, lr_at, micro_batches, set_lr
+from lmrepro.seeds import batches_offset
 from lmrepro.rgc.executors.sync import make_optimizers
 from lmrepro.data.batches import sample_batch
 
@@ -114,7 +115,7 @@ def reference_sum_of_local_losses(c: RGCConfig, delays: list[int] | None = None,
     its gradient ``staleness`` steps late (running ahead, docs/rgc.md)."""
     model = build_model(c, 0)
     opts = make_optimizers(model, c)
-    gen = batch_generator(0)
+    gen = batches_offset(0)
     ends = [(k + 1) * c.layers_per_stage - 1 for k in range(c.n_stages)]
     names = [n for n, _ in model.named_parameters()]
     params = dict(model.named_parameters())

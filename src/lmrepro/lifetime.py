@@ -12,9 +12,9 @@ own (so a terminal's signals and a process-group kill do not reach them)::
                   └ multiprocessing forkserver
                       └ RGC async stage workers
 
-Killing ``dvc repro`` (or the stage process) with SIGKILL used to leave the rest running: they
-kept writing into the run directories while the next ``dvc repro`` started a second writer. Each
-link now ends with the one above it:
+Without the links below, killing ``dvc repro`` (or the stage process) with SIGKILL leaves the
+rest running: they keep writing into the run directories while the next ``dvc repro`` starts a
+second writer. Each link ends with the one above it:
 
 =================================  =============================================================
 link                               mechanism

@@ -34,6 +34,7 @@ from lmrepro.harness import Cadence, Run, Schedule
 from lmrepro.memory import memory_fields
 from lmrepro.model import ByteTransformer, ModelConfig
 from lmrepro.optim import weight_decay_groups
+from lmrepro.seeds import batches_same_seed, seed_init
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
     check_context(len(train_data), model_cfg.context, "model.context")
     check_context(len(val_data), model_cfg.context, "model.context")
     s = settings
-    torch.manual_seed(seed)
+    seed_init(seed)
     model = ByteTransformer(model_cfg)
     run = Run(out_dir, run_identity(model_cfg, s, seed, name, corpus, len(train_data),
                                     len(val_data)),
@@ -110,7 +111,7 @@ def train_single(model_cfg: ModelConfig, settings: BaselineConfig, train_data: n
     # one batch per step, clipping, optional torch.compile
     return train_backprop(run, BackpropSpec(
         model=model, optimizer=make_optimizer(model, s),
-        generator=torch.Generator().manual_seed(seed), data=train_data,
+        generator=batches_same_seed(seed), data=train_data,
         batch_size=s.batch_size, context=model_cfg.context, evaluate=evaluate, finish=finish,
         max_grad_norm=s.max_grad_norm, forward=compiled_forward(model, s), threads=s.threads,
         progress=f"train {name}" if progress else None))

@@ -14,11 +14,12 @@ from lmrepro.harness import Schedule
 from lmrepro.model import ByteTransformer
 from lmrepro.optim.groups import weight_decay_groups
 from lmrepro.rgc.config import RGCConfig
+from lmrepro.seeds import seed_init
 
 
 def build_model(cfg: RGCConfig, seed: int) -> ByteTransformer:
     """The model, initialised from ``seed`` (identical in every process and executor)."""
-    torch.manual_seed(seed)
+    seed_init(seed)
     return ByteTransformer(cfg.model)
 
 
@@ -40,10 +41,6 @@ def set_lr(optimizers: Iterable[torch.optim.Optimizer], lr: float) -> None:
         for g in opt.param_groups:
             g["lr"] = lr
 
-
-def batch_generator(seed: int) -> torch.Generator:
-    """The training-batch generator (separate from the initialisation RNG)."""
-    return torch.Generator().manual_seed(seed + 1_000_003)
 
 
 def micro_batches(x: torch.Tensor, y: torch.Tensor, n: int

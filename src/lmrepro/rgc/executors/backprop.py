@@ -3,7 +3,7 @@ global-backprop trainer (:func:`lmrepro.backprop.train_backprop`).
 
 What it shares with the RGC executors, so the comparison differs only in the training rule: the
 model and its initialisation (:func:`~lmrepro.rgc.core.recipe.build_model`), the batches (the seeded
-:func:`~lmrepro.rgc.core.recipe.batch_generator`, ``micro_batches`` parts per step), the AdamW
+:func:`~lmrepro.seeds.batches_offset`, ``micro_batches`` parts per step), the AdamW
 settings (:func:`~lmrepro.rgc.core.recipe.make_adamw`, here one over every parameter), the
 single-process thread budget (``config.single_process_threads``), the evaluation, the run's
 identity and cadences (:func:`~lmrepro.rgc.core.run_spec.harness`) and the summary
@@ -18,10 +18,11 @@ import numpy as np
 
 from lmrepro.backprop import BackpropSpec, train_backprop
 from lmrepro.rgc.config import RGCConfig
-from lmrepro.rgc.core.recipe import batch_generator, build_model, evaluate, make_adamw
+from lmrepro.rgc.core.recipe import build_model, evaluate, make_adamw
 from lmrepro.rgc.core.result import TrainResult, finish
 from lmrepro.rgc.core.run_memory import in_evaluation, run_sampler
 from lmrepro.rgc.core.run_spec import RunSpec, harness
+from lmrepro.seeds import batches_offset
 
 
 def train_backprop_executor(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray,
@@ -36,7 +37,7 @@ def train_backprop_executor(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarra
 
     return train_backprop(harness(cfg, spec, sampler), BackpropSpec(
         model=model, optimizer=make_adamw(model, model.parameters(), cfg),
-        generator=batch_generator(spec.seed), data=train_data, batch_size=cfg.batch_size,
+        generator=batches_offset(spec.seed), data=train_data, batch_size=cfg.batch_size,
         context=cfg.model.context,
         evaluate=in_evaluation(sampler, lambda: evaluate(model, val_data, cfg)),
         finish=lambda run, end: finish(cfg, spec, run, model, val_data, end),

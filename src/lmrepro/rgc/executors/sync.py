@@ -30,13 +30,13 @@ from lmrepro.rgc.core.checkpoint import checkpoint_state
 from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.executors.consensus_queue import ConsensusQueue
 from lmrepro.rgc.executors.gradient_delay import StageGradientDelay
-from lmrepro.rgc.core.recipe import (batch_generator, build_model, evaluate, make_adamw,
-                                     micro_batches, set_lr)
+from lmrepro.rgc.core.recipe import build_model, evaluate, make_adamw, micro_batches, set_lr
 from lmrepro.rgc.core.result import TrainResult, finish
 from lmrepro.rgc.core.run_memory import in_evaluation, run_sampler
 from lmrepro.rgc.core.run_spec import RunSpec, harness
 from lmrepro.rgc.core.stages import (accumulate_rgc_grads, decoder_parameters, stage_bounds,
                                      stage_parameters)
+from lmrepro.seeds import batches_offset
 
 
 def make_optimizers(model: ByteTransformer, cfg: RGCConfig
@@ -67,7 +67,7 @@ def _run(cfg: RGCConfig, spec: RunSpec, train_data: np.ndarray, val_data: np.nda
     model = build_model(cfg, spec.seed)
     model.train()
     opts = make_optimizers(model, cfg)
-    gen = batch_generator(spec.seed)
+    gen = batches_offset(spec.seed)
     consensus = ConsensusQueue(decoder_parameters(model), cfg.consensus_staleness)
     bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
     delay = StageGradientDelay([stage_parameters(model, bounds, k) for k in range(cfg.n_stages)],

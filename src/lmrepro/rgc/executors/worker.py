@@ -24,12 +24,13 @@ from lmrepro.rgc.config import RGCConfig
 from lmrepro.rgc.executors.consensus_queue import ConsensusQueue
 from lmrepro.rgc.executors.events import EventLog
 from lmrepro.rgc.executors.faults import stage_fault_point
-from lmrepro.rgc.core.recipe import batch_generator, lr_at, make_adamw, micro_batches, set_lr
+from lmrepro.rgc.core.recipe import lr_at, make_adamw, micro_batches, set_lr
 from lmrepro.rgc.core.run_spec import cadence
 from lmrepro.rgc.core.stages import decoder_parameters, stage_parameter_names
 from lmrepro.rgc.executors.wire import (Channels, MappedBytes, PartSaved, StateAfter, StepDone,
                                         WorkerEvents, received, tagged, untag)
 from lmrepro.rgc.executors.worker_stages import WorkerStages, own_stages_model
+from lmrepro.seeds import batches_offset
 
 
 @dataclass
@@ -98,7 +99,7 @@ class StageWorker:
         self.dec_names = [f"decoder.{n}" for n, _ in model.decoder.named_parameters()]
         self.opts = {k: make_adamw(model, self.runner.params[k], cfg) for k in self.stages}
         self.opt_dec = make_adamw(model, self.dec, cfg)
-        self.gen = batch_generator(a.seed) if self.first == 0 else None
+        self.gen = batches_offset(a.seed) if self.first == 0 else None
         self.consensus = ConsensusQueue(self.dec, cfg.consensus_staleness)
         self.link = Channels(a.w, a.stop, cfg.timeout_s, a.status)
         self.start = 0

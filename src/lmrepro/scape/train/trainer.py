@@ -49,6 +49,7 @@ from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
 from lmrepro.optim import SCAPE, AdamS, DenseDP, NonFiniteGradientError, TopKEF, weight_decay_groups
 from lmrepro.results import SUMMARY, mean_bytes
 from lmrepro.scape.config import RESUME_FREE, SPARSE_OPTIMIZERS, ScapeConfig, ScapeRun
+from lmrepro.seeds import batches_of_rank, seed_init
 
 FINAL_MODEL = "model_final.pt"
 
@@ -198,11 +199,11 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
                 print(f"{out / SUMMARY} exists: run already finished, nothing to do", flush=True)
             return out
         train_data = load_split_data(target.corpus_dir, "train")
-        torch.manual_seed(target.seed)
+        seed_init(target.seed)
         model = ByteTransformer(mcfg).to(ctx.device)
         with collective_guard(ctx, "optimizer set-up"):
             opt = build_optimizer(cfg, run, model)
-        gen = torch.Generator().manual_seed(target.seed * 1_000_003 + 7919 * ctx.rank + 1)
+        gen = batches_of_rank(target.seed, ctx.rank)
 
         def restore(mine: dict[str, Any]) -> None:
             main = mine if ctx.is_main else harness.checkpoints.load(rank=0)
