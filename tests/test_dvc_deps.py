@@ -110,6 +110,9 @@ def imported_modules(tree: ast.AST, current: str, is_package: bool) -> set[str]:
             found |= {f"{base}.{a.name}" for a in node.names if module_path(f"{base}.{a.name}")}
             lazy = lazy_exports(base)
             found |= {lazy[a.name] for a in node.names if a.name in lazy}
+    if current == WINGS:            # the composition names each wing's module by string
+        found |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                  and isinstance(n.value, str) and n.value.startswith("lmrepro.")}
     return {m for m in found if module_path(m)}
 
 

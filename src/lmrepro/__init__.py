@@ -1,9 +1,12 @@
 """lmrepro: a reproducible replication of SCAPE and RGC for byte-level language models.
 
-Domains: ``data`` (fetch, prepare, batches), ``model`` (byte transformer), ``train``
-(single-process trainer), ``optim`` (AdamS, SCAPE, TopKEF), ``dist`` (torchrun trainer),
-``rgc`` (bounded-horizon local training), ``stats`` (non-inferiority), ``report`` (HTML index),
-``config`` (params.yaml schema), ``cli`` (the ``lmrepro`` command).
+The wings, one per paper and the baseline (``scape``, ``rgc``, ``baseline``: each declares what it
+adds in its ``wing.WING``, listed in ``wings.WINGS``), over shared parts that name no method of
+either paper: ``optim`` (a standalone optimizer library), ``model`` (the byte-level
+transformer), ``data`` (fetch, prepare, batches), the one run harness, record and checkpoint
+manager (``harness``, ``results``, ``checkpoints``, ``rundirs``), ``stats``
+(non-inferiority), and ``pipeline`` (stages, analyses, reports, publication). The ``lmrepro``
+command is ``cli``. The map: docs/architecture.md.
 """
 
 __version__ = "0.1.0"

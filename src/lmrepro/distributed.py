@@ -128,5 +128,5 @@ def collective_guard(ctx: DistContext, what: str) -> Iterator[None]:
 
 def report_failure(ctx: DistContext, exc: BaseException) -> None:
     """One clear line on stderr (torchrun shows it with the rank prefix)."""
-    print(f"[lmrepro train-scape rank {ctx.rank}/{ctx.world_size}] {exc}", file=sys.stderr,
+    print(f"[lmrepro rank {ctx.rank}/{ctx.world_size}] {exc}", file=sys.stderr,
           flush=True)

@@ -187,14 +187,21 @@ def _facts_into_details(data: dict[str, Any], fields: set[str]) -> dict[str, Any
             "details": {**facts, **(details or {})}}
 
 
-#: settings renamed since runs were first recorded: old name -> current name
-RENAMED_SETTINGS = {"threads_per_worker": "threads", "worker_timeout_s": "timeout_s"}
+#: settings recorded under another name, old -> current: the installed wings'
+#: (:attr:`lmrepro.pipeline.registry.Wing.renamed_settings`, :func:`use_renamed_settings`)
+RENAMED_SETTINGS: dict[str, str] = {}
+
+
+def use_renamed_settings(renamed: Mapping[str, str]) -> None:
+    """Read each old setting name of ``renamed`` as its current name (:func:`run_settings`)."""
+    RENAMED_SETTINGS.clear()
+    RENAMED_SETTINGS.update(renamed)
 
 
 def run_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The ``settings`` part of a run's ``config`` (``{model, settings[, run]}``; RGC runs written
-    before that layout kept their configuration flat: the whole), every setting under its current
-    name (:data:`RENAMED_SETTINGS`: a record keeps the names of its day)."""
+    """The ``settings`` part of a run's ``config`` (``{model, settings[, run]}``; a run recorded
+    with a flat configuration: the whole), every setting under its current name
+    (:data:`RENAMED_SETTINGS`: a record keeps the names of its day)."""
     return {RENAMED_SETTINGS.get(k, k): v for k, v in config.get("settings", config).items()}
 
 

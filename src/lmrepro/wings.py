@@ -6,26 +6,24 @@ runs the pipeline (the ``lmrepro`` command, a notebook's first cell, the tests) 
 :data:`WINGS` to :func:`lmrepro.pipeline.registry.install`. The order of the list is the order of
 every list the pipeline reads (the methods in error messages, the parameter sections, the
 pairings, the claims table): baseline, SCAPE, RGC. To add a wing, write its package with its
-``wing`` module and add its ``WING`` here.
+``wing`` module and add that module's name to :data:`WING_MODULES`.
 """
 
 from __future__ import annotations
 
 import enum
+import importlib
 
-from lmrepro.baseline.roles import BaselineMethod
-from lmrepro.baseline.wing import WING as BASELINE
 from lmrepro.pipeline.registry import Wing
-from lmrepro.rgc.roles import RGCMethod
-from lmrepro.rgc.wing import WING as RGC
-from lmrepro.scape.roles import ScapeMethod
-from lmrepro.scape.wing import WING as SCAPE
 
-WINGS: tuple[Wing, ...] = (BASELINE, SCAPE, RGC)
+#: the module of each wing's ``WING``, in the pipeline's order
+WING_MODULES = ("lmrepro.baseline.wing", "lmrepro.scape.wing", "lmrepro.rgc.wing")
 
-#: every wing's methods as one enumeration, in the wings' order: ``Method.SCAPE == "scape"``
-#: (its members are known at run time only)
-Method = enum.StrEnum("Method", list({  # type: ignore[misc]
-    m.name: m.value for e in (BaselineMethod, ScapeMethod, RGCMethod) for m in e}.items()))
+WINGS: tuple[Wing, ...] = tuple(importlib.import_module(m).WING for m in WING_MODULES)
 
-__all__ = ["WINGS", "Method"]
+#: every wing's methods (those whose runs it reads, ``Wing.details``) as one enumeration, in
+#: the wings' order: ``Method.SCAPE == "scape"`` (its members are known at run time only)
+Method = enum.StrEnum("Method", [  # type: ignore[misc]
+    (method.upper(), method) for method in dict.fromkeys(m for w in WINGS for m in w.details)])
+
+__all__ = ["WINGS", "WING_MODULES", "Method"]

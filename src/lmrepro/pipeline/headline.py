@@ -49,7 +49,9 @@ def _name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "item"
 
 
-def _number(value: Any, digits: int = 4) -> float | None:
+def rounded(value: Any, digits: int = 4) -> float | None:
+    """``value`` to ``digits`` significant digits, as every headline file writes its figures;
+    None for None and for a value that is not finite."""
     if value is None:
         return None
     value = float(value)
@@ -91,7 +93,7 @@ def training_items(summaries: Iterable[Mapping[str, Any]]) -> dict[str, dict[str
             groups[(str(s["corpus"]), str(s["name"]))].append(float(s["final_bpb"]))
     corpora = {c for c, _ in groups}
     return {(name if len(corpora) == 1 else f"{corpus}-{name}"):
-            {"bpb": _number(sum(v) / len(v)) if v else None}
+            {"bpb": rounded(sum(v) / len(v)) if v else None}
             for (corpus, name), v in sorted(groups.items())}
 
 
@@ -130,7 +132,7 @@ def claim_items(table: Any) -> dict[str, dict[str, Any]]:
         bounded = upper is not None and not (isinstance(upper, float) and math.isnan(upper))
         value = row["measured_value"]
         out[name] = ({"gap %": _percent(value), "lo %": _percent(row.get("lower")),
-                      "up %": _percent(upper)} if bounded else {"value": _number(value, 3)})
+                      "up %": _percent(upper)} if bounded else {"value": rounded(value, 3)})
         out[name]["verdict"] = SHORT_VERDICTS.get(str(row["verdict"]), str(row["verdict"]))
     return out
 
@@ -150,19 +152,3 @@ def study_items(gaps: Any, verdict: tuple[str, int]) -> dict[str, dict[str, Any]
             {"gap %": _percent(r["mean"]), "lo %": _percent(r["lower"]),
              "up %": _percent(r["upper"]), "verdict": str(r["verdict"])}
             for _, r in rows.iterrows()}
-
-
-def prediction_items(headline: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The step-time model's headline (``predictions.json``'s ``headline`` records): each
-    predicted figure at the default assumptions (a ratio; a fraction for a saving), and that
-    figure over the paper's (``...-of-paper``)."""
-    def number(text: Any) -> float:
-        text = str(text).strip()
-        return float(text[:-1]) / 100 if text.endswith("%") else float(text.rstrip("x"))
-
-    out = {}
-    for row in headline:
-        name = "wall-clock-saving" if "wall-clock" in str(row["claim"]) else "step-speedup"
-        out[name] = {"value": _number(number(row["predicted_default"]), 3)}
-        out[f"{name}-of-paper"] = {"value": _number(row["ratio_to_paper"], 3)}
-    return out

@@ -34,6 +34,7 @@ from typing import Any
 
 from lmrepro.errors import ParameterError, check
 from lmrepro.io import atomic_write_json, read_json, sha256_file
+from lmrepro.pipeline.registry import reports
 from lmrepro.pipeline.sections import BEGIN, update_profile_section, update_readme
 from lmrepro.rundirs import set_aside
 
@@ -57,7 +58,6 @@ PATTERNS = (
     # each runs folder's identity: a published run put back under results/ is then resumed
     # and reused as it is (lmrepro.rundirs.prepare_runs_dir), not set aside and retrained
     *(f"results/*/{kind}/**/identity.json" for kind in RUN_FOLDERS),
-    "results/steptime/*.json", "results/steptime/*.csv", "results/steptime/*.png",
     "reports/*.html", "reports/provenance.json",
     "metrics/*/*.json", "dvc.lock",
 )
@@ -69,12 +69,13 @@ LOCKED = ("results/params.json", "reports/index.html")
 
 
 def published_files(root: str | os.PathLike) -> list[Path]:
-    """The files of a finished run under ``root`` that :func:`publish` copies (relative paths,
+    """The files of a finished run under ``root`` that :func:`publish` copies (:data:`PATTERNS`
+    and the wings' own, ``Report.published``; relative paths,
     sorted; nothing under a ``checkpoints`` folder or a runs folder set aside:
     :func:`lmrepro.rundirs.set_aside`)."""
     root = Path(root)
     found: set[Path] = set()
-    for pattern in PATTERNS:
+    for pattern in (*PATTERNS, *(p for report in reports() for p in report.published)):
         for path in root.glob(pattern):
             rel = path.relative_to(root)
             if path.is_file() and "checkpoints" not in rel.parts and not set_aside(rel):

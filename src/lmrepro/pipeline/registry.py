@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lmrepro.errors import ParameterError, check
-from lmrepro.results import RunDetails, use_details_models
+from lmrepro.results import RunDetails, use_details_models, use_renamed_settings
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,20 @@ class Report:
     """What a wing adds to the index (``reports/index.html``): its part of the scale sentence
     (``scale(resolved parameters, n_params by stage) -> str | None``; ``rank`` orders the parts:
     the papers' suites at 0, the baseline after them) and the result files whose sha256 the index
-    records: training ``metrics``, ``analyses`` (``analysis.json``) and ``extra`` files."""
+    records: training ``metrics``, ``analyses`` (``analysis.json``) and ``extra`` files; the
+    ``published`` patterns of its own products that ``lmrepro publish`` copies besides the
+    shared ones (:data:`lmrepro.pipeline.publish.PATTERNS`), and ``headline``, the
+    ``module:function`` that recomputes its own headline metrics from a finished run's
+    ``results/`` folder (``function(results) -> {stage: items}``, for a publication whose run
+    predates them: :func:`lmrepro.pipeline.pages.from_run`)."""
 
     scale: Callable[[Mapping[str, Any], Mapping[str, int]], str | None] | None = None
     rank: int = 0
     metrics: tuple[str, ...] = ()
     analyses: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
+    published: tuple[str, ...] = ()
+    headline: str | None = None
     wing: str = ""
 
 
@@ -113,7 +120,9 @@ class Wing:
       ``lmrepro`` command;
     * ``doc_sections``: the modules whose ``doc_sections(root)`` give the marked sections of
       its docs computed from published runs, ``(doc, begin, end, section)``; ``lmrepro publish
-      --pages-only`` writes them (:func:`lmrepro.pipeline.pages.regenerate`).
+      --pages-only`` writes them (:func:`lmrepro.pipeline.pages.regenerate`);
+    * ``renamed_settings``: settings of its runs recorded under another name, old -> current
+      (a record keeps the names of its day; :func:`lmrepro.results.run_settings` reads both).
     """
 
     name: str
@@ -132,6 +141,7 @@ class Wing:
     report: Report | None = None
     commands: tuple[str, ...] = ()
     doc_sections: tuple[str, ...] = ()
+    renamed_settings: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -224,6 +234,8 @@ def install(wings: Sequence[Wing]) -> None:
                   f"is registered twice ({details.get(method)} and {model})")
             details[method] = model
     use_details_models(details)
+    use_renamed_settings({old: new for wing in wings
+                          for old, new in wing.renamed_settings.items()})
     _installed = vocabulary
 
 
@@ -357,6 +369,12 @@ def record_stages() -> tuple[str, ...]:
     others (:attr:`Wing.records`)."""
     vocabulary = _vocab()
     return (*vocabulary.stages, *vocabulary.records)
+
+
+def study_stages() -> tuple[str, ...]:
+    """The stages that are no analysis stage but whose analysis the claims read
+    (:attr:`Wing.records`: the training-length studies)."""
+    return _vocab().records
 
 
 def sections() -> tuple[Section, ...]:

@@ -22,7 +22,7 @@ def scale(params: Mapping[str, Any], n_params: Mapping[str, int]) -> str | None:
     rgc = params.get("rgc") or {}
     if not rgc:
         return None
-    # rgc.model; the flat keys of parameters resolved before the model was a ModelConfig
+    # rgc.model, or the flat keys of the published runs' older resolved parameters
     model = rgc.get("model") or rgc
     suite = (f"RGC suite: {model.get('n_layers')} layers x d={model.get('d_model')} in "
              f"{rgc.get('n_stages')} stages{parameter_count(n_params, 'rgc')}, "
@@ -52,6 +52,8 @@ WING = Wing(
     analyses={"rgc": (ROLE_BACKPROP, None)},
     # the training-length study (lmrepro rgc-scaling): its verdict point feeds the claims
     records=("rgc_scaling",),
+    # two settings as older runs of this wing record them: old name -> current
+    renamed_settings={"threads_per_worker": "threads", "worker_timeout_s": "timeout_s"},
     section=Section("rgc", "lmrepro.rgc.config:RGCSuite",
                     lambda s: [(f"rgc.corpora[{i}]", c) for i, c in enumerate(s.corpora)]),
     details={METHOD_RGC: RGCDetails},

@@ -1,9 +1,8 @@
 """Asynchronous RGC executor: the stages on worker processes (docs/rgc.md).
 
-Why processes and not threads: the design measurement found no parallel speed-up from two
-Python threads and a process-global thread count; rerun on the current torch it no longer does
-(``bench/bench_rgc.py --design``), and processes are kept for failure isolation, per-worker
-allocators and the paper's process-tree memory. See docs/rgc.md, "Deviations and decisions".
+Why processes and not threads: failure isolation, an allocator and a thread count per worker,
+and the paper's metric, the memory of the whole process tree (the thread alternative is measured
+by ``bench/bench_rgc.py --design``). See docs/rgc.md, "Deviations and decisions".
 
 Placement: the K stages run on W <= K worker processes, worker w holding consecutive stages
 (``RGCConfig.placement``) with ``threads[w]`` intra-op threads, so a 4-stage model can

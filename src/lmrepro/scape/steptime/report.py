@@ -18,7 +18,7 @@ second on a CPU.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 
 from lmrepro.bench import BENCH_RESULTS
 from lmrepro.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
-from lmrepro.pipeline.headline import metrics_dir, prediction_items, write_headline
+from lmrepro.pipeline.headline import metrics_dir, rounded, write_headline
 from lmrepro.scape.steptime import paper as sp
 from lmrepro.scape.steptime.model import Cluster, Options, bandwidth_for_speedup, predict
 from lmrepro.scape.steptime.fit import calibrate
@@ -374,6 +374,29 @@ def steptime_stage(bench_dir: str | Path = BENCH_RESULTS, out_dir: str | Path = 
             "curves": curves, "figures": {"speedup_vs_bandwidth": fig}}
 
 
+def prediction_items(headline: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The step-time model's headline (``predictions.json``'s ``headline`` records): each
+    predicted figure at the default assumptions (a ratio; a fraction for a saving), and that
+    figure over the paper's (``...-of-paper``)."""
+    def parse(text: Any) -> float:
+        text = str(text).strip()
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text.rstrip("x"))
+
+    out = {}
+    for row in headline:
+        name = "wall-clock-saving" if "wall-clock" in str(row["claim"]) else "step-speedup"
+        out[name] = {"value": rounded(parse(row["predicted_default"]), 3)}
+        out[f"{name}-of-paper"] = {"value": rounded(row["ratio_to_paper"], 3)}
+    return out
+
+
+def headline_from_run(results: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """The ``steptime`` headline items of a finished run's ``results/`` folder (none when it has
+    no step-time predictions): the SCAPE wing's ``Report.headline``."""
+    path = Path(results) / "steptime" / "predictions.json"
+    return {"steptime": prediction_items(read_json(path)["headline"])} if path.is_file() else {}
+
+
 def paper_table_view(paper: pd.DataFrame, mfu: float = sp.DEFAULT_MFU) -> pd.DataFrame:
     """The paper table at one MFU (the CSV keeps every MFU), models labelled with their size."""
     names = {m.name: _billions(m) for m in sp.MODELS}
@@ -384,6 +407,6 @@ def paper_table_view(paper: pd.DataFrame, mfu: float = sp.DEFAULT_MFU) -> pd.Dat
 
 
 __all__ = ["LLAMA2_7B", "OUTPUTS", "assumptions_frame", "break_even_frame", "calibration_frame",
-           "calibration_note", "headline_frame", "load_calibration", "paper_frame",
-           "paper_table_view", "plot_speedup_vs_bandwidth", "scaling_frame",
-           "speedup_curves", "steptime_stage"]
+           "calibration_note", "headline_frame", "headline_from_run", "load_calibration",
+           "paper_frame", "paper_table_view", "plot_speedup_vs_bandwidth", "prediction_items",
+           "scaling_frame", "speedup_curves", "steptime_stage"]
