@@ -11,14 +11,16 @@ def _draw(gen: torch.Generator) -> list[int]:
     return torch.randint(0, 1 << 30, (4,), generator=gen).tolist()
 
 
-def test_derived_batch_streams_never_meet_an_initialisation_or_each_other() -> None:
-    """The offset and per-rank derivations give a batch stream no initialisation seed in use
-    has, and every rank of every seed its own stream; the same seed gives the same stream."""
+def test_derived_batch_streams_are_apart_from_their_run_and_from_each_other() -> None:
+    """The offset derivation gives a batch stream no initialisation seed in use has; the
+    per-rank one gives every rank of every seed its own stream, none its own run's
+    initialisation; the same seed gives the same stream."""
     in_use = range(0, 2000)
     offset = {seeds.BATCH_OFFSET + s for s in in_use}
-    ranked = {s * seeds.BATCH_OFFSET + seeds.RANK_STRIDE * r + 1 for s in in_use for r in range(64)}
-    assert len(ranked) == 2000 * 64
-    assert not offset & set(in_use) and not ranked & set(in_use)
+    ranked = {(s, r): s * seeds.BATCH_OFFSET + seeds.RANK_STRIDE * r + 1
+              for s in in_use for r in range(64)}
+    assert len(set(ranked.values())) == len(ranked)
+    assert not offset & set(in_use) and all(v != s for (s, _), v in ranked.items())
     assert _draw(seeds.batches_offset(3)) == _draw(seeds.batches_offset(3))
     assert _draw(seeds.batches_offset(3)) != _draw(seeds.batches_same_seed(3))
     assert _draw(seeds.batches_of_rank(3, 0)) != _draw(seeds.batches_of_rank(3, 1))

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import torch
 
-#: a prime far above any seed in use, so a batch stream's seed is never an initialisation's
+#: a prime far above any seed in use: the offset stream never starts where the initialisation of
+#: a seed in use does (the per-rank streams differ from their own run's initialisation, but
+#: seed 0's rank 0 starts where seed 1's initialisation does: streams of two runs, not of one)
 BATCH_OFFSET = 1_000_003
 #: a prime spacing the batch streams of one data-parallel run's ranks
 RANK_STRIDE = 7919
