@@ -26,6 +26,10 @@ from lmrepro.pipeline import analysis as A
 from lmrepro.pipeline import claims as C
 from lmrepro.pipeline import comparisons
 from lmrepro.pipeline import plots as P
+from lmrepro.pipeline import records as REC
+from lmrepro.pipeline import resources as RES
+from lmrepro.pipeline import runs as RUN
+from lmrepro.pipeline.provenance import usable_cores
 from lmrepro.results import RunDetails
 from lmrepro.baseline.roles import ROLE_BACKPROP
 from lmrepro.rgc.roles import ROLE_RGC_ASYNC, ROLE_RGC_SYNC
@@ -40,7 +44,7 @@ STATS = StatsConfig(n_resamples=N_RES)
 def test_throughput_speedup_and_ratio(tmp_path: Path) -> None:
     runs = {"dense": make_run(tmp_path, "dense", "adams", step_time=1.0, tps=1000.0),
             "sparse": make_run(tmp_path, "sparse", "scape", step_time=0.5, tps=1500.0)}
-    df = A.throughput_table(runs, baseline="dense").set_index("run")
+    df = RES.throughput_table(runs, baseline="dense").set_index("run")
     assert df.loc["sparse", "speedup"] == 2.0
     assert df.loc["dense", "speedup"] == 1.0
     assert df.loc["sparse", "throughput_ratio"] == 1.5
@@ -51,16 +55,16 @@ def test_throughput_speedup_and_ratio(tmp_path: Path) -> None:
 def test_baseline_must_be_one_of_the_runs(tmp_path: Path) -> None:
     runs = {"a": make_run(tmp_path, "a", "adamw")}
     with pytest.raises(ParameterError) as info:
-        A.throughput_table(runs, baseline="nope")
+        RES.throughput_table(runs, baseline="nope")
     assert info.value.name == "baseline" and "'a'" in str(info.value)
     with pytest.raises(ParameterError):
-        A.throughput_table({"x": tmp_path / "missing"}, baseline="x")
+        RES.throughput_table({"x": tmp_path / "missing"}, baseline="x")
 
 
 def test_memory_table_gib_and_ratio(tmp_path: Path) -> None:
     runs = {"bp": make_run(tmp_path, "bp", "backprop", peak_gib=2.0),
             "rgc": make_run(tmp_path, "rgc", "rgc", details={"executor": "async"}, peak_gib=4.5)}
-    df = A.memory_table(runs, baseline="bp").set_index("run")
+    df = RES.memory_table(runs, baseline="bp").set_index("run")
     assert df.loc["rgc", "peak_gib"] == 4.5
     assert df.loc["rgc", "ratio_vs_baseline"] == 2.25
     assert df.loc["bp", "peak_rss_bytes"] == 2 * GIB
@@ -79,7 +83,7 @@ def test_communication_table(tmp_path: Path) -> None:
                                         "total": 60.0}, steps=3),
         "single": make_run(tmp_path, "single", "adamw"),  # no communication: left out
     }
-    df = A.communication_table(runs, dense="dense").set_index("run")
+    df = RES.communication_table(runs, dense="dense").set_index("run")
     assert list(df.index) == ["dense", "scape", "topk"]
     assert df.loc["scape", "ratio_vs_dense"] == pytest.approx(0.1)
     assert df.loc["scape", "mask"] == 20.0
@@ -87,34 +91,35 @@ def test_communication_table(tmp_path: Path) -> None:
     assert df.loc["topk", "grad_values"] == pytest.approx(20.0)
     assert df.loc["topk", "total"] == pytest.approx(120.0)
     assert df.loc["topk", "ratio_vs_dense"] == pytest.approx(0.12)
-    long = A.bytes_long(runs)
+    long = RES.bytes_long(runs)
     assert set(long.kind) == {"grad_values", "param_values", "mask"}
     assert len(long) == 9
     with pytest.raises(ParameterError):
-        A.communication_table(runs, dense="single")
+        RES.communication_table(runs, dense="single")
 
 
 def test_role_from_method_and_executor(tmp_path: Path) -> None:
-    assert [A.run_role(m) for m in (Method.ADAMW, "adams", Method.SCAPE, Method.TOPK,
+    assert [RUN.run_role(m) for m in (Method.ADAMW, "adams", Method.SCAPE, Method.TOPK,
                                      Method.BACKPROP)] == [ROLE_ADAMW, ROLE_ADAMS, ROLE_SCAPE,
                                                           ROLE_TOPK, ROLE_BACKPROP]
-    assert A.run_role(Method.BACKPROP, RunDetails(executor="backprop")) == ROLE_BACKPROP
-    assert A.run_role(Method.RGC, RunDetails(executor="async")) == ROLE_RGC_ASYNC
-    assert A.run_role(Method.RGC, RunDetails(executor="sync")) == ROLE_RGC_SYNC
+    assert RUN.run_role(Method.BACKPROP, RunDetails(executor="backprop")) == ROLE_BACKPROP
+    assert RUN.run_role(Method.RGC, RunDetails(executor="async")) == ROLE_RGC_ASYNC
+    assert RUN.run_role(Method.RGC, RunDetails(executor="sync")) == ROLE_RGC_SYNC
     # no guessing from spellings: an unknown method or an RGC run without its executor is refused
     for method, executor, name in [("topk_ef", None, "method"), ("AdamW", None, "method"),
                                    ("rgc_async", None, "method"),
                                    (Method.RGC, None, "details.executor"),
                                    (Method.RGC, "backprop", "details.executor")]:
         with pytest.raises(ParameterError) as info:
-            A.run_role(method, RunDetails(executor=executor))
+            RUN.run_role(method, RunDetails(executor=executor))
         assert info.value.name == name
     with pytest.raises(ParameterError, match=r"must be one of \['backprop', 'adamw'"):
-        A.run_role("sgd")
+        RUN.run_role("sgd")
     # the role of a loaded run comes from its summary
-    run = A.load_run("r", make_run(tmp_path, "r", "rgc", details={"executor": "sync"}))
+    run = RUN.load_run("r", make_run(tmp_path, "r", "rgc", details={"executor": "sync"}))
     assert run.role == ROLE_RGC_SYNC and run.world_size is None
-    run = A.load_run("s", make_run(tmp_path, "s", "scape", details={"sparsity": 0.9}, processes=4))
+    run = RUN.load_run("s", make_run(tmp_path, "s", "scape", details={"sparsity": 0.9},
+                                     processes=4))
     assert run.role == ROLE_SCAPE and run.world_size == 4
 
 
@@ -125,9 +130,9 @@ def test_a_run_without_validation_losses_is_judged_on_its_test_losses_alone(tmp_
     path = make_run(tmp_path, "abl", "adams")
     (path / EVAL_LOSSES).unlink()
     with pytest.raises(ParameterError, match="eval_losses.json"):
-        A.load_run("abl", path)
+        RUN.load_run("abl", path)
     write_eval_losses(path, [1.0, 2.0], batch_size=8, context=64, split="test")
-    run = A.load_run("abl", path)
+    run = RUN.load_run("abl", path)
     assert run.eval_losses == () and run.test_losses == (1.0, 2.0)
 
 
@@ -141,13 +146,13 @@ def test_noninferiority_table_matches_the_test_on_pooled_pairs(tmp_path: Path) -
         runs[f"sync{seed}"] = make_run(tmp_path, f"sync{seed}", "rgc", details={"executor": "sync"},
                                        seed=seed, rel=0.0)
     runs["single"] = make_run(tmp_path, "single", "adamw")  # no SCAPE/top-k run: not compared
-    df = A.noninferiority_table(runs, stats=STATS)
+    df = comparisons.noninferiority_table(runs, stats=STATS)
     assert len(df) == 2
     row = df[df.candidate == "rgc0+rgc1"].iloc[0]
     assert row.baseline == "bp0+bp1" and row.candidate == "rgc0+rgc1"
     assert row.pairs == 2 * N_EVAL
-    b = np.concatenate([A.load_run("x", runs[n]).eval_losses for n in ("bp0", "bp1")])
-    c = np.concatenate([A.load_run("x", runs[n]).eval_losses for n in ("rgc0", "rgc1")])
+    b = np.concatenate([RUN.load_run("x", runs[n]).eval_losses for n in ("bp0", "bp1")])
+    c = np.concatenate([RUN.load_run("x", runs[n]).eval_losses for n in ("rgc0", "rgc1")])
     # paired by (seed, batch): the same test on the pooled pairs with their seeds
     direct = noninferiority(b, c, n_resamples=N_RES, groups=[0] * N_EVAL + [1] * N_EVAL,
                             min_groups=STATS.min_seeds)
@@ -168,13 +173,13 @@ def test_explicit_comparisons_and_pairing_checks(tmp_path: Path) -> None:
             "b": make_run(tmp_path, "b", "scape", rel=0.002, details={"sparsity": 0.9}),
             "short": make_run(tmp_path, "short", "scape", losses=base_losses()[:10]),
             "other": make_run(tmp_path, "other", "scape", corpus="enwik8")}
-    df = A.noninferiority_table(runs, [("a", "b")], stats=STATS)
+    df = comparisons.noninferiority_table(runs, [("a", "b")], stats=STATS)
     assert df.iloc[0].comparison == "b vs a" and df.iloc[0].non_inferior
     with pytest.raises(ParameterError) as info:
-        A.noninferiority_table(runs, [("a", "short")], stats=STATS)
+        comparisons.noninferiority_table(runs, [("a", "short")], stats=STATS)
     assert "same 60 eval batches" in str(info.value)
     with pytest.raises(ParameterError, match="same corpus"):
-        A.noninferiority_table(runs, [("a", "other")], stats=STATS)
+        comparisons.noninferiority_table(runs, [("a", "other")], stats=STATS)
 
 
 def test_diverged_candidate_is_not_non_inferior(tmp_path: Path) -> None:
@@ -183,7 +188,7 @@ def test_diverged_candidate_is_not_non_inferior(tmp_path: Path) -> None:
     runs = {"adams": make_run(tmp_path, "adams", "adams", processes=2),
             "topk": make_run(tmp_path, "topk", "topk", losses=losses, details={"sparsity": 0.99},
                              processes=2)}
-    df = A.noninferiority_table(runs, stats=STATS)
+    df = comparisons.noninferiority_table(runs, stats=STATS)
     assert len(df) == 1
     assert not df.iloc[0].non_inferior and "diverged" in df.iloc[0].verdict
 
@@ -303,7 +308,7 @@ def test_analysis_stage_and_claims_stage(tmp_path: Path, monkeypatch: pytest.Mon
     assert (result["tables"]["throughput"].baseline == "shakespeare/dense-w").all()
     assert (result["tables"]["memory"].baseline == "shakespeare/dense-w").all()
     assert (result["tables"]["communication"].dense == "shakespeare/dense-s").all()
-    saved = A.read_analysis(out / "scape" / "analysis.json")
+    saved = REC.read_analysis(out / "scape" / "analysis.json")
     assert saved == result["records"] and saved.stage == "scape" and saved.stats == STATS
     assert {r.name: r.role for r in saved.runs}["shakespeare/t99"] == ROLE_TOPK
     ni = read_json(out / "scape" / "noninferiority.json")
@@ -313,7 +318,7 @@ def test_analysis_stage_and_claims_stage(tmp_path: Path, monkeypatch: pytest.Mon
                             "non_inferior": c.non_inferior, "pairs": c.n_pairs,
                             "seeds": c.n_seeds}
                   for c in saved.comparisons} and len(ni) == 6
-    assert saved.cores == A.available_cores() and saved.seeds == [0]
+    assert saved.cores == usable_cores() and saved.seeds == [0]
 
     def no_bootstrap(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the claims stage must not rerun the bootstrap")
@@ -352,7 +357,7 @@ def test_plots_return_figures(tmp_path: Path) -> None:
     assert isinstance(fig, Figure)
     assert fig.axes[0].get_xscale() == "log"
 
-    outcomes = A.run_comparisons(runs, stats=STATS)
+    outcomes = comparisons.run_comparisons(runs, stats=STATS)
     fig = P.plot_bootstrap(outcomes)
     with_result = [o for o in outcomes if o.result is not None]
     ax = fig.axes[0]
@@ -376,20 +381,20 @@ def test_three_seeds_pair_by_seed_and_decide_at_the_seed_level(tmp_path: Path) -
         runs[f"s{seed}/rgc"] = make_run(tmp_path / f"s{seed}", "rgc", "rgc",
                                         details={"executor": "async"},
                                         seed=seed, rel=offset, noise=0.002)
-    (outcome,) = A.run_comparisons(runs, stats=STATS)
+    (outcome,) = comparisons.run_comparisons(runs, stats=STATS)
     c = outcome.record
     assert c.candidate_runs == ["s0/rgc", "s1/rgc", "s2/rgc"]
     assert c.baseline_runs == ["s0/bp", "s1/bp", "s2/bp"]
     assert (c.n_seeds, c.seeds, c.n_pairs, c.level) == (3, [0, 1, 2], 3 * N_EVAL, "seed")
-    b = np.concatenate([A.load_run("x", runs[f"s{s}/bp"]).eval_losses for s in range(3)])
-    d = np.concatenate([A.load_run("x", runs[f"s{s}/rgc"]).eval_losses for s in range(3)])
+    b = np.concatenate([RUN.load_run("x", runs[f"s{s}/bp"]).eval_losses for s in range(3)])
+    d = np.concatenate([RUN.load_run("x", runs[f"s{s}/rgc"]).eval_losses for s in range(3)])
     direct = noninferiority(b, d, n_resamples=N_RES, groups=np.repeat([0, 1, 2], N_EVAL))
     assert c.seed_upper_bound == direct.seed_upper_bound == c.upper_bound
     assert c.batch_upper_bound == direct.batch_upper_bound < 0.01 <= c.upper_bound
     assert not c.non_inferior and c.caveats == []
     # two seeds: the batch-level bound decides, and the caveat says so
     two = {k: v for k, v in runs.items() if not k.startswith("s2")}
-    (outcome,) = A.run_comparisons(two, stats=STATS)
+    (outcome,) = comparisons.run_comparisons(two, stats=STATS)
     assert outcome.record.level == "batch" and outcome.record.n_seeds == 2
     assert outcome.record.upper_bound == outcome.record.batch_upper_bound
     assert "2 training seeds" in outcome.record.caveats[0]
@@ -425,7 +430,7 @@ def test_replicates_are_runs_that_differ_only_in_the_seed(tmp_path: Path) -> Non
                                           details={"sparsity": 0.9}, seed=seed,
                                           config={"settings": {"lr": 2e-3},
                                                   "run": {"name": f"scape-s{seed}"}})
-    comps = A.default_comparisons(runs)
+    comps = comparisons.default_comparisons(runs)
     assert sorted(c.baseline for c in comps) == [("adams-lr0.001-s0", "adams-lr0.001-s1"),
                                                  ("adams-lr0.003-s0", "adams-lr0.003-s1")]
     assert all(c.candidate == ("scape-s0", "scape-s1") for c in comps)
@@ -436,21 +441,21 @@ def test_replicates_are_runs_that_differ_only_in_the_seed(tmp_path: Path) -> Non
 
 
 def test_step_times_pool_within_and_between_run_spreads() -> None:
-    one = A.step_times([2.0], [0.2])
+    one = RES.step_times([2.0], [0.2])
     assert (one.mean_s, one.spread_s, one.n_runs) == (2.0, 0.2, 1)
-    two = A.step_times([1.0, 1.2], [0.1, 0.3])
+    two = RES.step_times([1.0, 1.2], [0.1, 0.3])
     assert two.mean_s == pytest.approx(1.1)
     # mean within-run variance (0.01 + 0.09) / 2 plus the variance of the means (ddof 1): 0.02
     assert two.spread_s == pytest.approx(math.sqrt(0.05 + 0.02))
-    assert A.step_times([1.0, 2.0], [0.1, None]).spread_s is None
-    rho = A.relative_spread(A.step_times([1.0], [0.1]), A.step_times([2.0], [0.4]))
+    assert RES.step_times([1.0, 2.0], [0.1, None]).spread_s is None
+    rho = RES.relative_spread(RES.step_times([1.0], [0.1]), RES.step_times([2.0], [0.4]))
     assert rho == pytest.approx(math.hypot(0.1, 0.2))
-    low, high, conclusive = A.timing_interval(1.5, 0.2)
+    low, high, conclusive = RES.timing_interval(1.5, 0.2)
     assert (low, high) == pytest.approx((1.5 * math.exp(-0.2), 1.5 * math.exp(0.2)))
     assert conclusive                                  # ln 1.5 = 0.405 > 0.2
-    assert not A.timing_interval(1.15, 0.2)[2]         # ln 1.15 = 0.140 <= 0.2
-    assert not A.timing_interval(1 / 1.15, 0.2)[2]     # symmetric for slow-downs
-    assert not A.timing_interval(3.0, None)[2]         # no spread: never conclusive
+    assert not RES.timing_interval(1.15, 0.2)[2]         # ln 1.15 = 0.140 <= 0.2
+    assert not RES.timing_interval(1 / 1.15, 0.2)[2]     # symmetric for slow-downs
+    assert not RES.timing_interval(3.0, None)[2]         # no spread: never conclusive
 
 
 def scape_suite(root: Path, step_times: dict[str, float], spread: float = 0.2,
@@ -605,13 +610,13 @@ def test_forest_plot_marks_mean_bound_and_margin(tmp_path: Path) -> None:
 
 def test_loss_spikes_count_losses_far_above_the_recent_median() -> None:
     calm = [{"step": i, "loss": 3.0 - 0.001 * i} for i in range(120)]
-    assert A.loss_spikes(calm) == 0
+    assert RUN.loss_spikes(calm) == 0
     spiky = [dict(r) for r in calm]
     spiky[80]["loss"] = 6.0            # 2x the median of the 50 before it
     spiky[90]["loss"] = float("nan")   # a non-finite loss is a spike too
     spiky[30]["loss"] = 9.0            # inside the first window: not judged
-    assert A.loss_spikes(spiky) == 2
-    assert A.loss_spikes(spiky, factor=2.5) == 1
+    assert RUN.loss_spikes(spiky) == 2
+    assert RUN.loss_spikes(spiky, factor=2.5) == 1
 
 
 def test_topk_instability_needs_spikes_or_divergence(tmp_path: Path) -> None:
@@ -694,10 +699,10 @@ def test_an_rgc_label_shows_its_horizon_and_staleness(tmp_path: Path) -> None:
                      details={"executor": "async", "horizon": 1, "consensus_staleness": 1})
     older = make_run(tmp_path, "older", "rgc", details={"executor": "async"})   # recorded neither
     bp = make_run(tmp_path, "bp", "backprop", details={"horizon": None})
-    assert A.config_label(A.load_run("x", lock)) == "rgc-sync H=2 s=0"
-    assert A.config_label(A.load_run("x", stale)) == "rgc-async H=1 s=1"
-    assert A.config_label(A.load_run("x", older)) == "rgc-async"
-    assert A.config_label(A.load_run("x", bp)) == "backprop"
+    assert RUN.config_label(RUN.load_run("x", lock)) == "rgc-sync H=2 s=0"
+    assert RUN.config_label(RUN.load_run("x", stale)) == "rgc-async H=1 s=1"
+    assert RUN.config_label(RUN.load_run("x", older)) == "rgc-async"
+    assert RUN.config_label(RUN.load_run("x", bp)) == "backprop"
 
 
 def test_records_written_before_sparsity_was_the_one_name_read_in_it() -> None:
@@ -713,11 +718,11 @@ def test_records_written_before_sparsity_was_the_one_name_read_in_it() -> None:
               "sparsity": 0.9, "processes": 2, "threads": 2, "steps": 10, "final_bpb": 3.0,
               "mean_density": 0.25, "tokens_per_s": 1.0, "mean_step_time_s": 1.0,
               "step_time_std_s": None, "peak_rss_bytes": 1, "scale": "", "configuration": ""}
-    read = A.RunRecord.model_validate(record)
+    read = REC.RunRecord.model_validate(record)
     assert read.setting == 0.9 and read.facts == {"mean_sparsity": 0.75}
-    assert A.RunRecord.model_validate(read.model_dump()) == read
+    assert REC.RunRecord.model_validate(read.model_dump()) == read
     with pytest.raises(ValueError, match="mean_density"):       # a record of today: strict
-        A.RunRecord.model_validate({**read.model_dump(), "mean_density": 0.25})
+        REC.RunRecord.model_validate({**read.model_dump(), "mean_density": 0.25})
 
 
 def test_a_record_holding_the_setting_under_its_wings_name_reads_it_as_the_setting(
@@ -736,4 +741,4 @@ def test_a_record_holding_the_setting_under_its_wings_name_reads_it_as_the_setti
     for group in ("runs", "comparisons", "resources"):
         for r in data[group]:
             r["sparsity"] = r.pop("setting")
-    assert A.AnalysisRecords.model_validate(data) == records
+    assert REC.AnalysisRecords.model_validate(data) == records

@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from lmrepro.errors import ConfigError, ParameterError
-from lmrepro.pipeline.params import deep_merge, load_params
+from lmrepro.paramfile import deep_merge
+from lmrepro.pipeline.params import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

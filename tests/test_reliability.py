@@ -900,7 +900,7 @@ def test_a_duplicate_key_is_refused_with_file_line_and_column(tmp_path):
     with pytest.raises(ParameterError, match=r"params.yaml:\d+:1: duplicate key 'seeds'"):
         load_params(_write(tmp_path, text + "seeds: [1]\n"))
     # a merge key is not a duplicate: an explicit key may override a merged one
-    from lmrepro.pipeline.params import load_yaml
+    from lmrepro.paramfile import load_yaml
     assert load_yaml("b: &b {x: 1, y: 2}\nc: {<<: *b, x: 3}\n", "f") == \
         {"b": {"x": 1, "y": 2}, "c": {"x": 3, "y": 2}}
 
@@ -918,7 +918,7 @@ def test_a_yaml_syntax_error_is_one_line_naming_file_line_and_column(tmp_path):
 
 
 def test_the_loader_stays_safe():
-    from lmrepro.pipeline.params import StrictLoader, load_yaml
+    from lmrepro.paramfile import StrictLoader, load_yaml
 
     assert issubclass(StrictLoader, yaml.SafeLoader)
     with pytest.raises(ParameterError, match="could not determine a constructor"):

@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from lmrepro.errors import ParameterError
+from lmrepro.pipeline import citation as CIT
+from lmrepro.pipeline import provenance as PV
 from lmrepro.pipeline import report as R
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +133,7 @@ def test_index_links_reports_commit_and_citation(project: Path) -> None:
     (project / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n", encoding="utf-8")
     (project / "metrics" / "claims" / "a.json").write_text('{"verdict": "not run"}')
     commit = git(project, "rev-parse", "HEAD")
-    assert R.git_info(project) == {"commit": commit, "dirty": False, "available": True,
+    assert PV.git_info(project) == {"commit": commit, "dirty": False, "available": True,
                                    "note": ""}
 
     # a tracked change makes the checkout dirty; no temporary files are left behind
@@ -148,7 +150,7 @@ def test_outside_git_falls_back(project: Path) -> None:
     env_ceiling = os.environ.get("GIT_CEILING_DIRECTORIES")
     os.environ["GIT_CEILING_DIRECTORIES"] = str(project)
     try:
-        info = R.git_info(outside)
+        info = PV.git_info(outside)
         page = build(project, repo_dir=outside).read_text(encoding="utf-8")
     finally:
         if env_ceiling is None:
@@ -164,17 +166,17 @@ def test_bibtex_and_plain_citation_of_people() -> None:
            "license": "MIT", "url": "https://example.org/x",
            "authors": [{"given-names": "Ada", "family-names": "Lovelace"},
                        {"name": "The Team"}]}
-    bib = R.bibtex_entry(cff)
+    bib = CIT.bibtex_entry(cff)
     assert bib.startswith("@software{toolxmore2025,")
     assert "author = {Lovelace, Ada and {The Team}}" in bib
     assert r"title = {{Tool\_X \& more}}" in bib
     assert "url = {https://example.org/x}" in bib
-    assert R.plain_citation(cff) == ("Ada Lovelace, The Team (2025). Tool_X & more (Version 1.0) "
+    assert CIT.plain_citation(cff) == ("Ada Lovelace, The Team (2025). Tool_X & more (Version 1.0) "
                                      "[Computer software]. License: MIT. https://example.org/x")
 
 
 def test_repository_citation_file_is_valid() -> None:
-    cff = R.read_citation(CITATION)
+    cff = CIT.read_citation(CITATION)
     assert cff["cff-version"] == "1.2.0"
     assert cff["version"] == "0.1.0" and cff["license"] == "MIT"
     ids = {i["value"] for ref in cff["references"] for i in ref.get("identifiers", [])}
@@ -286,14 +288,14 @@ def test_index_opens_with_results_at_a_glance(project: Path) -> None:
     assert "02_rgc.html; stage ran 3 min 12 s" in page
     assert "01_scape.html; stage ran unknown" in page
     # provenance: CPU model, result hashes (missing files left out), parameters collapsed
-    assert "CPU model" in page and R.machine_info()["cpu_model"] in page
+    assert "CPU model" in page and PV.machine_info()["cpu_model"] in page
     from lmrepro.io import sha256_file
 
     assert sha256_file(res / "params.json") in page and "missing.json" not in page
     assert re.search(r"<details><summary>Parameters: .*?</summary>\s*<pre>train:", page, re.S)
     # BibTeX: the software with its commit; the papers; the RGC paper with its author and
     # without an invented year or identifier
-    commit = R.git_info(project)["commit"]
+    commit = PV.git_info(project)["commit"]
     assert commit is None or f"note = {{git commit {commit}" in page
     assert "eprint = {2607.01678}" in page and "eprint = {2505.16363}" in page
     assert "author = {Zheng, Mingkai and" in page
@@ -308,9 +310,9 @@ def test_index_opens_with_results_at_a_glance(project: Path) -> None:
 
 
 def test_the_repository_url_comes_from_citation_or_the_git_remote(project: Path) -> None:
-    cff = R.read_citation(project / "CITATION.cff")
-    assert "url" not in R.bibtex_entry(cff)
-    bib = R.bibtex_entry({**cff, "repository-code": "https://example.org/lmrepro"},
+    cff = CIT.read_citation(project / "CITATION.cff")
+    assert "url" not in CIT.bibtex_entry(cff)
+    bib = CIT.bibtex_entry({**cff, "repository-code": "https://example.org/lmrepro"},
                          commit="abc123 (dirty)")
     assert "url = {https://example.org/lmrepro}" in bib
     assert "note = {git commit abc123 (dirty)}" in bib

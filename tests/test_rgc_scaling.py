@@ -257,7 +257,7 @@ def test_the_analysis_pairs_each_rgc_run_with_backprop_by_seed_on_the_test_split
         (n, c) for n in (2, 3, 4) for c in ("rgc", "rgc_stale1"))
     assert set(gaps.baseline) == {"backprop"} and (gaps.seeds == 2).all()
     # the gap is the mean over seeds of the per-seed mean relative difference on test batches
-    from lmrepro.pipeline.analysis import load_run
+    from lmrepro.pipeline.runs import load_run
 
     row = gaps[(gaps.steps == 4) & (gaps.candidate == "rgc")].iloc[0]
     per_seed = []

@@ -19,7 +19,7 @@ from _dist_helpers import (ReferenceSCAPE, flat, make_params, owners_by_numel, r
 from lmrepro.errors import ParameterError
 from lmrepro.optim import SCAPE, AdamS, NonFiniteGradientError, sparsity_at
 from lmrepro.optim.comm import keep_count
-from lmrepro.optim.scape import assign_owners
+from lmrepro.optim.scape_layout import assign_owners
 
 # two groups (decayed matrices, undecayed vectors), with 1-D tensors among them
 SHAPES = [(40, 30), (50, 20), (30,), (25, 12), (17,)]

@@ -33,8 +33,9 @@ def test_sweep_grid_must_be_log_spaced_and_long_enough():
 
 
 def test_select_best_ignores_diverged_and_prefers_lower_bpb():
-    from lmrepro.scape.train.sweep import apply_best, select_best, sweep_table
+    from lmrepro.scape.train.sweep import apply_best, sweep_table
     from lmrepro.scape.config import ScapeRun, ScapeSweep
+    from lmrepro.sweep import select_best
 
     rows = [{"run": "a", "lr": 1e-3, "final_bpb": 3.0, "diverged_at_step": None},
             {"run": "a", "lr": 2e-3, "final_bpb": 2.9, "diverged_at_step": None},

@@ -10,9 +10,9 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "AdamS": "adams", "adams_update": "adams", "DenseDP": "comm", "MASK_RULES": "scape",
+    "AdamS": "adams", "adams_update": "adams", "DenseDP": "comm", "MASK_RULES": "scape_layout",
     "NonFiniteGradientError": "errors", "ParameterError": "errors", "SCAPE": "scape",
-    "TopKEF": "topk", "sparsity_at": "scape", "weight_decay_groups": "groups",
+    "TopKEF": "topk", "sparsity_at": "scape_layout", "weight_decay_groups": "groups",
 }
 __all__ = sorted(_EXPORTS)
 

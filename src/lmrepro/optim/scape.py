@@ -34,9 +34,10 @@ the current mask) and ``r_i`` the worker's residual in momentum units:
 
 Tensors with one dimension (norms, biases) are sent whole every step when
 ``exclude_1d_from_topk`` (the default, as the authors'). The sparsity follows
-:func:`sparsity_at`: ``dense_steps`` dense steps, then linear from ``sparsity_start`` to the
-target over ``sparsity_warmup_steps``; ``d(t)`` above is ``1 - sparsity``, the fraction kept. A
-step with no mask yet (step 0 while sparse) bootstraps it synchronously from the owners' ``c``.
+:func:`~lmrepro.optim.scape_layout.sparsity_at`: ``dense_steps`` dense steps, then linear from
+``sparsity_start`` to the target over ``sparsity_warmup_steps``; ``d(t)`` above is
+``1 - sparsity``, the fraction kept. A step with no mask yet (step 0 while sparse) bootstraps it
+synchronously from the owners' ``c``.
 
 ``mask_rule="stale_m"`` is our first reading, kept as a named ablation: workers send ``g_i + r_i``
 (gradient units) on the mask, ``m`` and ``v`` are updated only on the mask and ``m`` stays frozen
@@ -61,14 +62,11 @@ from .comm import (Comm, FlatParams, all_finite, check_grads, check_params, chec
                    clip_coefficient, keep_count, nonfinite_error, pack_bits, topk_indices,
                    unpacked_indices)
 from .errors import check
-from .scape_layout import (DECAY_SCOPES, MASK_RULES, OFF_MASK_MOMENTUM, Slot, apply_update,
-                           assign_owners, build_layout, checked_groups, density_at,
-                           mask_diagnostics, off_mask_direction, off_mask_mass, recent_fraction,
-                           sparsity_at)
-from .scape_state import STATE_FORMAT, Pending, restore, state_of
+from .scape_layout import (apply_update, build_layout, checked_groups, density_at,
+                           mask_diagnostics, off_mask_direction, off_mask_mass, recent_fraction)
+from .scape_state import Pending, restore, state_of
 
-__all__ = ["DECAY_SCOPES", "MASK_RULES", "OFF_MASK_MOMENTUM", "SCAPE", "STATE_FORMAT", "Slot",
-           "assign_owners", "sparsity_at"]
+__all__ = ["SCAPE"]
 
 
 
@@ -84,7 +82,7 @@ class SCAPE(torch.optim.Optimizer):
         sparsity: target fraction of each tensor's coordinates NOT sent per step, in [0, 1)
             (0.99: 1 % sent); 0 is dense AdamS on the averaged gradient.
         dense_steps, sparsity_start, sparsity_warmup_steps: the sparsity schedule
-            (:func:`sparsity_at`).
+            (:func:`~lmrepro.optim.scape_layout.sparsity_at`).
         exclude_1d_from_topk: send 1-D tensors (norms, biases) whole every step.
         bias_correction: Adam's bias correction (the authors' default); False gives exactly
             AdamS's formula.
@@ -188,7 +186,8 @@ class SCAPE(torch.optim.Optimizer):
         return self._step
 
     def sparsity_of_step(self, step: int) -> float:
-        """The scheduled sparsity of step ``step`` (0-based): :func:`sparsity_at`."""
+        """The scheduled sparsity of step ``step`` (0-based):
+        :func:`~lmrepro.optim.scape_layout.sparsity_at`."""
         return 1.0 - self._density_of_step(step)
 
     def _density_of_step(self, step: int) -> float:

@@ -61,8 +61,8 @@ class TopKEF:
         self.off_mask_momentum = off_mask_momentum
         self.optimizer = optimizer
         self.sparsity = float(sparsity)
-        # the sparsity schedule SCAPE uses (optim.scape.sparsity_at), so both sparse methods of
-        # a comparison ramp up alike; the math works with the fraction kept, 1 - sparsity
+        # the sparsity schedule SCAPE uses (optim.scape_layout.sparsity_at), so both sparse
+        # methods of a comparison ramp up alike; the math works with the fraction kept, 1 - sparsity
         self.dense_steps, self.sparsity_start = int(dense_steps), float(sparsity_start)
         self.sparsity_warmup_steps = int(sparsity_warmup_steps)
         self._density, self._density_start = 1.0 - self.sparsity, 1.0 - self.sparsity_start
@@ -107,7 +107,8 @@ class TopKEF:
         return self.comm.stats()
 
     def sparsity_of_step(self, step: int) -> float:
-        """The scheduled sparsity of step ``step`` (0-based): :func:`optim.scape.sparsity_at`."""
+        """The scheduled sparsity of step ``step`` (0-based):
+        :func:`optim.scape_layout.sparsity_at`."""
         return 1.0 - self._density_of_step(step)
 
     def _density_of_step(self, step: int) -> float:

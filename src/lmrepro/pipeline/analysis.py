@@ -1,21 +1,24 @@
 """The analysis of a training stage: its tables, the non-inferiority tests and ``analysis.json``.
 
 Every function takes ``runs``: a mapping ``run name -> run directory`` (or an already loaded
-:class:`Run`) in the layout of :mod:`lmrepro.results`; every figure is computed from those runs.
-:func:`analysis_stage` writes a stage's tables, its DVC metric and :class:`AnalysisRecords`
-(``analysis.json``): everything the claims stage (:mod:`lmrepro.pipeline.claims`) needs, so it
-reads figures instead of recomputing them.
+:class:`~lmrepro.pipeline.runs.Run`) in the layout of :mod:`lmrepro.results`; every figure is
+computed from those runs. :func:`analysis_stage` writes a stage's tables, its DVC metric and
+:class:`~lmrepro.pipeline.records.AnalysisRecords` (``analysis.json``): everything the claims
+stage (:mod:`lmrepro.pipeline.claims`) needs, so it reads figures instead of recomputing them.
 
-The parts live in modules of their own and their public names are re-exported here:
+This module holds the stage only; its parts live in modules of their own and are imported from
+there:
 
-* :mod:`~lmrepro.pipeline.runs`: :class:`Run`, loading, roles (:func:`run_role`), configuration
-  keys, labels and scales;
+* :mod:`~lmrepro.pipeline.runs`: :class:`~lmrepro.pipeline.runs.Run`, loading, roles
+  (:func:`~lmrepro.pipeline.runs.run_role`), configuration keys, labels and scales;
 * :mod:`~lmrepro.pipeline.comparisons`: pairing runs by role and seed, the non-inferiority tests
-  (:func:`run_comparisons`), testability against the n-gram floors, their table;
+  (:func:`~lmrepro.pipeline.comparisons.run_comparisons`), testability against the n-gram floors,
+  their table;
 * :mod:`~lmrepro.pipeline.resources`: throughput, memory and communication tables, the timing and
-  memory comparisons with their spreads (:func:`resource_comparisons`);
-* :mod:`~lmrepro.pipeline.records`: the records of ``analysis.json`` (:class:`AnalysisRecords`)
-  and :func:`read_analysis`.
+  memory comparisons with their spreads (:func:`~lmrepro.pipeline.resources.resource_comparisons`);
+* :mod:`~lmrepro.pipeline.records`: the records of ``analysis.json``
+  (:class:`~lmrepro.pipeline.records.AnalysisRecords`) and
+  :func:`~lmrepro.pipeline.records.read_analysis`.
 
 The figures are :mod:`lmrepro.pipeline.plots` (which imports the parts, never this module).
 """
@@ -29,48 +32,19 @@ from typing import Any
 from lmrepro.errors import check
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline import registry
-from lmrepro.pipeline.comparisons import (DEFAULT_STATS, UNITS_NOTE, Comparison,
-                                          ComparisonOutcome, ComparisonSpec, Pairing,
-                                          comparison_split, configurations,
-                                          default_comparisons, noninferiority_table,
-                                          outcomes_table, pairings, run_comparisons,
-                                          seed_caveats, testability)
-from lmrepro.pipeline.provenance import cpu_model
-from lmrepro.pipeline.provenance import usable_cores as available_cores
-from lmrepro.pipeline.records import (ANALYSIS_FORMAT, AnalysisRecords, ComparisonRecord, Machine,
-                                      ResourceRecord, RunRecord, read_analysis)
-from lmrepro.pipeline.resources import (StepTimes, bytes_long, bytes_per_step,
-                                        communication_table, memory_table, reference_tables,
-                                        relative_spread, resource_caveats, resource_comparisons,
-                                        resources_table, step_times, throughput_table,
-                                        timing_interval)
-from lmrepro.pipeline.runs import (GIB, Run, Runs, RunSource, config_label, configuration_key,
-                                   learning_rate, load_run, load_runs, loss_spikes, named_run,
-                                   recorded_facts, run_role, run_scale, run_setting, workers)
+from lmrepro.pipeline.comparisons import (DEFAULT_STATS, ComparisonOutcome, outcomes_table,
+                                          run_comparisons)
+from lmrepro.pipeline.provenance import cpu_model, usable_cores
+from lmrepro.pipeline.records import AnalysisRecords, Machine, RunRecord
+from lmrepro.pipeline.resources import (reference_tables, resource_comparisons,
+                                        resources_table)
+from lmrepro.pipeline.runs import (Runs, config_label, load_runs, loss_spikes, recorded_facts,
+                                   run_scale, run_setting)
 from lmrepro.results import RunSummary
 from lmrepro.rundirs import collect_runs
 from lmrepro.stats import StatsConfig
 
-__all__ = [
-    # the stage (this module)
-    "analysis_records", "analysis_stage", "available_cores", "corpus_floors",
-    # runs
-    "GIB", "Run", "RunSource", "Runs", "config_label", "configuration_key", "learning_rate",
-    "load_run", "load_runs", "loss_spikes", "named_run", "recorded_facts", "run_role",
-    "run_scale", "run_setting", "workers",
-    # comparisons
-    "DEFAULT_STATS", "UNITS_NOTE", "Comparison", "ComparisonOutcome",
-    "ComparisonSpec", "Pairing", "comparison_split", "configurations", "default_comparisons",
-    "noninferiority_table", "outcomes_table", "pairings", "run_comparisons", "seed_caveats",
-    "testability",
-    # resources
-    "StepTimes", "bytes_long", "bytes_per_step", "communication_table", "memory_table",
-    "reference_tables", "relative_spread", "resource_caveats", "resource_comparisons",
-    "resources_table", "step_times", "throughput_table", "timing_interval",
-    # records
-    "ANALYSIS_FORMAT", "AnalysisRecords", "ComparisonRecord", "Machine", "ResourceRecord",
-    "RunRecord", "read_analysis",
-]
+__all__ = ["analysis_records", "analysis_stage", "corpus_floors"]
 
 
 def analysis_records(runs: Runs, *, stage: str = "", stats: StatsConfig = DEFAULT_STATS,
@@ -147,7 +121,7 @@ def analysis_stage(stage: str, stats: StatsConfig, results_root: str | Path = "r
     frames = reference_tables(runs, *references[stage])
     floors = corpus_floors(prepared_dir, {r.summary.corpus for r in runs.values()})
     outcomes = run_comparisons(runs, stats=stats, floors=floors)
-    cores = available_cores()
+    cores = usable_cores()
     records = analysis_records(runs, stage=stage, stats=stats, outcomes=outcomes, cores=cores,
                                floors=floors, machine=Machine(cpu_model=cpu_model(), cores=cores))
     frames["noninferiority"] = outcomes_table(outcomes)

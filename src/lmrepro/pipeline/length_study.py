@@ -21,7 +21,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from lmrepro.io import read_json
-from lmrepro.pipeline.analysis import Run
+from lmrepro.pipeline.runs import Run
 from lmrepro.rundirs import collect_runs, split_run_label
 from lmrepro.stats import StatsConfig, noninferiority
 

@@ -18,9 +18,9 @@ an error instead of a silently ignored setting. Strict means no coercion: ``seed
 boolean), ``tie_embeddings: 'off'`` and ``n_layers: '7'`` (strings) are refused, not read as 1,
 False and 7.
 
-The file itself is read strictly too (:func:`read_params_file`): a key given twice in one mapping
-is refused (PyYAML would silently keep the last one), and a syntax error is one line naming the
-file, the line and the column, e.g.::
+The file itself is read strictly too (:func:`lmrepro.paramfile.read_params_file`): a key given
+twice in one mapping is refused (PyYAML would silently keep the last one), and a syntax error is
+one line naming the file, the line and the column, e.g.::
 
     params.yaml:52:3: YAML syntax error: could not find expected ':'
 """
@@ -35,14 +35,11 @@ from pydantic import Field, ValidationError, create_model, model_validator
 from lmrepro.config import Section, config_error, field_error
 from lmrepro.data.spec import DataConfig
 from lmrepro.model import ModelConfig
-from lmrepro.paramfile import (PROFILE_ENV, ParamsFileError, StrictLoader, deep_merge, load_yaml,
-                               read_params_file, resolve_profile)
+from lmrepro.paramfile import read_params_file, resolve_profile
 from lmrepro.pipeline import registry
 from lmrepro.stats import StatsConfig
 
-__all__ = ["PROFILE_ENV", "Params", "ParamsFileError", "StrictLoader", "deep_merge",
-           "load_params", "load_yaml", "params_model", "read_params_file", "resolve_profile",
-           "validate_profile"]
+__all__ = ["Params", "load_params", "params_model", "validate_profile"]
 
 
 class Params(Section):

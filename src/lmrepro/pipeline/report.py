@@ -36,14 +36,10 @@ from lmrepro.io import atomic_write_json, atomic_write_text, read_json, sha256_f
 from lmrepro.pipeline import registry
 from lmrepro.pipeline.citation import (bibtex_entry, plain_citation, read_citation,
                                        reference_bibtex, reference_citations)
-from lmrepro.pipeline.registry import parameter_count
-from lmrepro.pipeline.provenance import (PACKAGES, git_info, git_remote_url, machine_info,
-                                         package_versions)
+from lmrepro.pipeline.provenance import git_info, git_remote_url, machine_info, package_versions
 
-__all__ = ["PACKAGES", "PROVENANCE", "bibtex_entry", "build_index", "git_info", "machine_info",
-           "package_versions", "plain_citation", "read_citation", "read_manifest",
-           "reference_bibtex", "reference_citations", "render_index", "report_stage",
-           "scale_sentence", "stage_durations", "analyses", "result_files", "parameter_count"]
+__all__ = ["PROVENANCE", "analyses", "build_index", "read_manifest", "render_index",
+           "report_stage", "result_files", "scale_sentence", "stage_durations"]
 
 PROVENANCE = "provenance.json"
 CLAIMS_CSV = "results/analysis/claims.csv"

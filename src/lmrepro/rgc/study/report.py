@@ -24,9 +24,11 @@ import pandas as pd
 
 from lmrepro.io import atomic_write_json, atomic_write_text
 from lmrepro.pipeline import length_plots
-from lmrepro.pipeline.analysis import analysis_records, load_run, run_comparisons
+from lmrepro.pipeline.analysis import analysis_records
+from lmrepro.pipeline.comparisons import run_comparisons
 from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finished_at, losses,
                                            paired_test, read_if_there, records, shown, trend)
+from lmrepro.pipeline.runs import load_run
 from lmrepro.results import run_settings
 from lmrepro.rundirs import run_label
 from lmrepro.rgc.details import RGCDetails

@@ -22,11 +22,13 @@ import numpy as np
 import pandas as pd
 
 from lmrepro.io import atomic_write_json, atomic_write_text
-from lmrepro.pipeline.analysis import Run, analysis_records, load_run, run_comparisons
+from lmrepro.pipeline.analysis import analysis_records
+from lmrepro.pipeline.comparisons import run_comparisons
 from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finished_at,
                                            paired_test, read_if_there, shown, trend)
 from lmrepro.pipeline.length_study import losses as _losses
 from lmrepro.pipeline.length_study import records as table_records
+from lmrepro.pipeline.runs import Run, load_run
 from lmrepro.rundirs import run_label
 from lmrepro.scape.study import mechanism
 from lmrepro.scape.details import ScapeDetails
