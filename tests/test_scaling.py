@@ -195,7 +195,8 @@ def test_a_tiny_study_runs_resumes_and_is_analysed(tmp_path: Path) -> None:
     from lmrepro.data.prepare import prepare_corpus
     from lmrepro.scape.config import ScapeSuite
     from lmrepro.scape.study.scaling import run_study
-    from lmrepro.scape.study.report import README_SECTION, write_analysis
+    from lmrepro.pipeline.length_study import README_SECTION
+    from lmrepro.scape.study.report import write_analysis
 
     text = (ROOT / "data/embedded/shakespeare.txt").read_bytes()[:400_000]
     (tmp_path / "raw.txt").write_bytes(text)

@@ -30,13 +30,11 @@ from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from lmrepro.io import atomic_write_json, read_json
+from lmrepro.pipeline.study_section import EDGE_JSON, SWEEP, SWEEP_JSON, StudySection
 from lmrepro.results import read_summary
 from lmrepro.sweep import beyond_edge, edge_row, on_edge, select_best, sweep_lr
 
 PLAN = "plan.json"
-SWEEP = "sweep"
-SWEEP_JSON = "sweep.json"
-EDGE_JSON = "edge_check.json"
 
 R = TypeVar("R")
 
@@ -89,27 +87,6 @@ class StudyWing(Protocol[R]):
         """Train the wing's extra points after the study's own (``verdict_runs``: the verdict
         size's runs at the winners); their run directories by label."""
         ...
-
-
-class StudySection(Protocol):
-    """The fields of a study's parameter section that the engine reads."""
-
-    @property
-    def lengths(self) -> Mapping[str, Sequence[int]]: ...
-    @property
-    def seeds(self) -> Mapping[str, Sequence[int]]: ...
-    @property
-    def verdict_size(self) -> str: ...
-    @property
-    def verdict_steps(self) -> int: ...
-    @property
-    def verdict_seeds(self) -> Sequence[int]: ...
-    @property
-    def sweep_factors(self) -> Sequence[float]: ...
-    @property
-    def sweep_seed(self) -> int: ...
-    @property
-    def edge_check(self) -> bool: ...
 
 
 def sweep_grid(runs: Sequence[R], factors: Sequence[float],

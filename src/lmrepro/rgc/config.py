@@ -259,31 +259,16 @@ class RGCScaling(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> RGCScaling:
-        for where in ("lengths", "seeds"):
-            keys = set(getattr(self, where))
-            if keys != set(self.sizes):
-                raise field_error(where, sorted(keys), f"must name exactly the sizes "
-                                  f"{sorted(self.sizes)}")
-        for size, lengths in self.lengths.items():
-            if not lengths or sorted(set(lengths)) != lengths or lengths[0] < 1:
-                raise field_error(f"lengths.{size}", lengths, "must be distinct step counts "
-                                  ">= 1, increasing")
-        if self.verdict_size not in self.sizes:
-            raise field_error("verdict_size", self.verdict_size,
-                              f"must be one of {sorted(self.sizes)}")
+        from lmrepro.pipeline.study_section import check_points, check_sweep_factors, study_seeds
+
+        check_points(self, ("lengths", "seeds"))
         names = [r.name for r in self.runs]
         if len(set(names)) != len(names):
             raise field_error("runs", names, "must have distinct names")
         if self.baseline not in names:
             raise field_error("baseline", self.baseline, f"must be one of the runs {names}")
-        if any(f <= 0 for f in self.sweep_factors) or \
-                sorted(set(self.sweep_factors)) != self.sweep_factors:
-            raise field_error("sweep_factors", self.sweep_factors,
-                              "must be distinct positive factors, increasing")
-        if self.sweep_factors and len(self.sweep_factors) < 3:
-            raise field_error("sweep_factors", self.sweep_factors, "must hold >= 3 values")
-        used = {x for seeds in self.seeds.values() for x in seeds} | set(self.verdict_seeds)
-        if self.sweep_seed in used:
+        check_sweep_factors(self)
+        if self.sweep_seed in study_seeds(self):
             raise field_error("sweep_seed", self.sweep_seed, "must not be a study seed")
         return self
 

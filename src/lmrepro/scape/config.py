@@ -268,18 +268,9 @@ class ScalingStudy(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingStudy:
-        for where in ("lengths", "runs", "seeds"):
-            keys = set(getattr(self, where))
-            if keys != set(self.sizes):
-                raise field_error(where, sorted(keys), f"must name exactly the sizes "
-                                  f"{sorted(self.sizes)}")
-        for size, lengths in self.lengths.items():
-            if not lengths or sorted(set(lengths)) != lengths or lengths[0] < 1:
-                raise field_error(f"lengths.{size}", lengths, "must be distinct step counts "
-                                  ">= 1, increasing")
-        if self.verdict_size not in self.sizes:
-            raise field_error("verdict_size", self.verdict_size,
-                              f"must be one of {sorted(self.sizes)}")
+        from lmrepro.pipeline.study_section import check_points, check_sweep_factors, study_seeds
+
+        check_points(self, ("lengths", "runs", "seeds"))
         names = {r.run_name for r in self.runs[self.verdict_size]}
         for i, ab in enumerate(self.ablations):
             if ab.run not in names:
@@ -296,13 +287,8 @@ class ScalingStudy(Section):
         if self.ablations and not self.ablation_seeds:
             raise field_error("ablation_seeds", self.ablation_seeds, "must list seeds when "
                               "there are ablations")
-        if any(f <= 0 for f in self.sweep_factors) or \
-                sorted(set(self.sweep_factors)) != self.sweep_factors:
-            raise field_error("sweep_factors", self.sweep_factors,
-                              "must be distinct positive factors, increasing")
-        if self.sweep_factors and len(self.sweep_factors) < 3:
-            raise field_error("sweep_factors", self.sweep_factors, "must hold >= 3 values")
-        used = {x for seeds in self.seeds.values() for x in seeds} | set(self.verdict_seeds)
+        check_sweep_factors(self)
+        used = study_seeds(self)
         if self.reuse_sweep_seed and self.sweep_seed not in self.verdict_seeds:
             raise field_error("sweep_seed", self.sweep_seed, "must be one of verdict_seeds "
                               f"{self.verdict_seeds} with reuse_sweep_seed")

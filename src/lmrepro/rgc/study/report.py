@@ -22,15 +22,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmrepro.io import atomic_write_json, atomic_write_text
-from lmrepro.pipeline import length_plots
-from lmrepro.pipeline.analysis import analysis_records
-from lmrepro.pipeline.comparisons import run_comparisons
-from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finished_at, losses,
-                                           paired_test, read_if_there, records, shown, trend)
-from lmrepro.pipeline.runs import load_run
+from lmrepro.pipeline import length_plots, length_study
+from lmrepro.pipeline.length_study import at_point, finish_window, pct, report_links, shown, trend
+from lmrepro.pipeline.runs import Run
 from lmrepro.results import run_settings
-from lmrepro.rundirs import run_label
 from lmrepro.rgc.details import RGCDetails
 from lmrepro.stats import StatsConfig
 
@@ -39,61 +34,31 @@ RUN_COLUMNS = ["kind", "size", "steps", "run", "seed", "executor", "horizon",
                "consensus_staleness", "lr", "val_bpb", "test_bpb", "diverged_at_step",
                "finished_at", "path"]
 COLOURS = {"rgc": "tab:blue", "rgc_stale1": "tab:orange", "backprop": "black"}
-README_SECTION = "readme_section.md"
-#: where the published folder goes in the section's links (replaced by ``lmrepro publish``)
-LINK_BASE = "{published}"
+
+
+def _details(run: Run) -> dict[str, Any]:
+    """RGC's columns of a run's row: executor, horizon, staleness, lr and test bits/byte."""
+    d = RGCDetails.of(run.summary)
+    return {"executor": d.executor, "horizon": d.horizon,
+            "consensus_staleness": d.consensus_staleness,
+            "lr": run_settings(run.summary.config).get("lr"), "test_bpb": d.final_test_bpb}
 
 
 def study_runs(stage_dir: str | Path) -> pd.DataFrame:
     """One row per finished run of the study (``runs/<size>/L<steps>/seed<N>/<run>``), by size,
-    length, run and seed."""
-    rows = []
-    for found in find_runs(Path(stage_dir) / "runs"):
-        run = load_run(found.label, found.path)
-        s = run.summary
-        d = RGCDetails.of(s)
-        rows.append({"kind": "runs", "size": found.size, "steps": found.steps,
-                     "run": found.run, "seed": found.seed,
-                     "executor": d.executor, "horizon": d.horizon, "consensus_staleness":
-                     d.consensus_staleness, "lr": run_settings(s.config).get("lr"),
-                     "val_bpb": s.final_bpb, "test_bpb": d.final_test_bpb,
-                     "diverged_at_step": s.diverged_at_step,
-                     "finished_at": finished_at(run), "path": str(found.path)})
-    # by run, then seed: the order a reader scans, whatever the folders' order on disk
-    return pd.DataFrame(rows, columns=RUN_COLUMNS).sort_values(
-        ["size", "steps", "run", "seed"], kind="stable", ignore_index=True)
-
-
-def _mean_bpb(runs: list[Any]) -> float:
-    return float(np.mean([np.mean(losses(r)) / LOG2 for r in runs]))
+    length, run and seed: the order a reader scans, whatever the folders' order on disk."""
+    return length_study.study_runs(stage_dir, RUN_COLUMNS, _details,
+                                   order=["size", "steps", "run", "seed"])
 
 
 def gap_table(runs: pd.DataFrame, stats: StatsConfig, floor: Mapping[str, Any] | None,
               baseline: str) -> pd.DataFrame:
-    """Per size, length and RGC run: the test-split gap to ``baseline`` with its seed-level
-    bounds, the baseline's test bits/byte against the trigram floor and whether it is
-    testable."""
-    from lmrepro.data.ngram import testable
-
-    rows = []
-    tri = None if floor is None else float(floor["trigram"]["test"])
-    for (size, steps), point in runs.groupby(["size", "steps"], sort=True):
-        by_run: dict[str, list[Any]] = {}
-        for rec in point.itertuples():
-            by_run.setdefault(rec.run, []).append(load_run(rec.path, rec.path))
-        base = by_run.get(baseline)
-        if not base:
-            continue
-        bpb = _mean_bpb(base)
-        for name, cand in sorted(by_run.items()):
-            if name == baseline:
-                continue
-            rows.append({"size": size, "steps": int(steps), "candidate": name,
-                         "baseline": baseline, **paired_test(base, cand, stats),
-                         "baseline_test_bpb": bpb, "candidate_test_bpb": _mean_bpb(cand),
-                         "trigram_floor": tri,
-                         "testable": True if tri is None else testable(bpb, tri)})
-    return pd.DataFrame(rows)
+    """Per size, length and RGC run (by name): the test-split gap to ``baseline`` with its
+    seed-level bounds, the baseline's test bits/byte against the trigram floor and whether it
+    is testable (:func:`lmrepro.pipeline.length_study.gap_table`)."""
+    return length_study.gap_table(
+        runs, stats, floor, [baseline],
+        lambda by_run, base: sorted(name for name in by_run if name != base))
 
 
 def verdict_records(runs: pd.DataFrame, size: str, steps: int, candidate: str, baseline: str,
@@ -101,11 +66,9 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, candidate: str, b
     """The verdict point's ``candidate`` and ``baseline`` runs as
     :class:`~lmrepro.pipeline.records.AnalysisRecords` (stage ``rgc_scaling``), what the claims
     read."""
-    point = runs[(runs["size"] == size) & (runs.steps == steps)
-                 & runs.run.isin([candidate, baseline])]
-    named = {run_label(f"{size}/L{steps}", r.seed, r.run): r.path for r in point.itertuples()}
-    outcomes = run_comparisons(named, stats=stats, floors=floors)
-    return analysis_records(named, stage=STAGE, stats=stats, outcomes=outcomes, floors=floors)
+    return length_study.verdict_records(runs, size, steps,
+                                        lambda run: run.isin([candidate, baseline]), STAGE,
+                                        stats, floors)
 
 
 FRONTIER_COLUMNS = ["size", "steps", "candidate", "horizon", "consensus_staleness", "seeds",
@@ -192,8 +155,7 @@ def figures(runs: pd.DataFrame, gaps: pd.DataFrame, floor: Mapping[str, Any] | N
             verdict: tuple[str, int], baseline: str, frontier: pd.DataFrame | None = None
             ) -> dict[str, Any]:
     out = {"gap_vs_length": length_plots.gap_vs_length(gaps, baseline, COLOURS, baseline)}
-    point = runs[(runs["size"] == verdict[0]) & (runs.steps == verdict[1])]
-    if len(point):
+    if len(at_point(runs, *verdict)):
         out["verdict_curves"] = length_plots.verdict_curves(runs, *verdict, floor, COLOURS)
     if frontier is not None and frontier.horizon.nunique() > 1:
         out["frontier"] = frontier_figure(frontier, baseline)
@@ -205,69 +167,51 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
                    ) -> dict[str, Any]:
     """Every table as CSV under ``out_dir``, ``analysis.json`` (the verdict point's lockstep RGC
     against the baseline), ``rgc_scaling.json`` (tables as records), the README section and the
-    figures; returns the tables, records, figures and sweep."""
-    out_dir = Path(out_dir)
+    figures (:func:`lmrepro.pipeline.length_study.write_analysis`); returns the tables,
+    records, figures and sweep."""
+    from lmrepro.rgc.analysis import speedup
+
     runs = study_runs(stage_dir)
     floor = floors.get(corpus)
     verdict = (study.verdict_size, study.verdict_steps)
     gaps = gap_table(runs, stats, floor, study.baseline)
-    from lmrepro.rgc.analysis import speedup
-
     frontier = frontier_table(runs, gaps, verdict, speedup.load("rgc"))
     tables = {"runs": runs.drop(columns=["path"]), "gaps": gaps, "trend": trend(gaps),
               "frontier": frontier}
-    sweep = read_if_there(Path(stage_dir) / "sweep" / "sweep.json")
-    if sweep is not None:
-        tables["sweep"] = pd.DataFrame(sweep["rows"])
-    edge = read_if_there(Path(stage_dir) / "sweep" / "edge_check.json")
-    if edge is not None:
-        tables["edge_check"] = pd.DataFrame(edge["rows"])
-    for name, frame in tables.items():
-        atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
     # the claim's RGC: lockstep at the section's horizon (the first such run)
     lockstep = next((r.name for r in study.runs if r.executor != "backprop"
                      and r.consensus_staleness == 0 and r.horizon in (None, 1)),
                     next((r.name for r in study.runs if r.executor != "backprop"
                           and r.consensus_staleness == 0), None))
-    rec = None
-    point = runs[(runs["size"] == verdict[0]) & (runs.steps == verdict[1])]
-    if lockstep is not None and len(point):
-        rec = verdict_records(runs, *verdict, lockstep, study.baseline, stats, floors)
-        atomic_write_json(out_dir / "analysis.json", rec.model_dump(mode="json"))
-    atomic_write_json(out_dir / "rgc_scaling.json", {
-        "verdict": {"size": verdict[0], "steps": verdict[1]}, "floor": floor, "sweep": sweep,
-        **{k: records(v) for k, v in tables.items()}})
-    atomic_write_text(out_dir / README_SECTION,
-                      readme_markdown(tables, sweep, verdict, study.baseline))
-    figs = figures(runs, gaps, floor, verdict, study.baseline, frontier)
-    for name, fig in figs.items():
-        from lmrepro.pipeline.plots import save_figure
 
-        save_figure(fig, out_dir / f"{name}.png")
-    return {"tables": tables, "records": rec, "figures": figs, "sweep": sweep}
+    def analysis(_: Mapping[str, pd.DataFrame]) -> Any:
+        if lockstep is None or not len(at_point(runs, *verdict)):
+            return None
+        return verdict_records(runs, *verdict, lockstep, study.baseline, stats, floors)
+
+    return length_study.write_analysis(
+        stage_dir, out_dir, STAGE, tables, verdict, floor, analysis=analysis,
+        readme=lambda t, sweep: readme_markdown(t, sweep, verdict, study.baseline),
+        figures=lambda: figures(runs, gaps, floor, verdict, study.baseline, frontier))
 
 
 def analysis_stage(params: Any, stage_dir: str | Path = "results/rgc_scaling",
                    out_dir: str | Path = "results/analysis/rgc_scaling") -> dict[str, Any] | None:
     """The ``analysis_rgc_scaling`` stage: :func:`write_analysis` of the profile's study, or
-    None (and a note) without one."""
+    None (and a note) without one (:func:`lmrepro.pipeline.length_study.analysis_stage`)."""
     from lmrepro.pipeline.analysis import corpus_floors
 
-    from lmrepro.pipeline.headline import metrics_dir, study_items, write_headline
+    from lmrepro.pipeline.headline import study_items
 
-    study = params.rgc.scaling
-    headline = metrics_dir(out_dir, "rgc_scaling")
-    if study is None:
-        atomic_write_json(Path(out_dir) / "rgc_scaling.json",
-                          {"note": "no training-length study in this profile"})
-        write_headline(headline, {})
-        return None
-    corpus = params.rgc.corpora[0]
-    floors = corpus_floors(params.data.prepared_dir, {corpus})
-    result = write_analysis(stage_dir, out_dir, params.stats, study, floors, corpus)
-    write_headline(headline, study_items(result["tables"]["gaps"],
-                                         (study.verdict_size, study.verdict_steps)))
-    return result
+    def analyse(study: Any) -> dict[str, Any]:
+        corpus = params.rgc.corpora[0]
+        floors = corpus_floors(params.data.prepared_dir, {corpus})
+        return write_analysis(stage_dir, out_dir, params.stats, study, floors, corpus)
+
+    return length_study.analysis_stage(
+        params.rgc.scaling, out_dir, STAGE, analyse,
+        lambda study, result: study_items(result["tables"]["gaps"],
+                                          (study.verdict_size, study.verdict_steps)))
 
 
 #: the columns a report shows of each table, by their registered names
@@ -295,18 +239,14 @@ def for_display(name: str, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _pct(x: Any) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not np.isfinite(x)) \
-        else f"{100 * float(x):+.2f} %"
+    return pct(x, "n/a")
 
 
 def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any] | None,
                     verdict: tuple[str, int], baseline: str) -> str:
     """The README's section on the study: the gaps per point, the trend, the sweep."""
     runs, gaps, tr = tables["runs"], tables["gaps"], tables["trend"]
-    lines = [f"Full report: [{LINK_BASE}/reports/13_analysis_rgc_scaling.html]"
-             f"({LINK_BASE}/reports/13_analysis_rgc_scaling.html); tables in "
-             f"[{LINK_BASE}/results/analysis/rgc_scaling/]"
-             f"({LINK_BASE}/results/analysis/rgc_scaling/).", "",
+    lines = [report_links("13_analysis_rgc_scaling", STAGE), "",
              f"RGC against {baseline} on the test split, the seed as the unit (one-sided 95 % "
              "t bounds on the per-seed mean relative differences; margin 1 %). Verdict point: "
              f"{verdict[0]} at {verdict[1]} steps.", ""]

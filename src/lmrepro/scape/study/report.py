@@ -21,19 +21,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmrepro.io import atomic_write_json, atomic_write_text
-from lmrepro.pipeline.analysis import analysis_records
-from lmrepro.pipeline.comparisons import run_comparisons
-from lmrepro.pipeline.length_study import (LOG2, find_runs, finish_window, finished_at,
-                                           paired_test, read_if_there, shown, trend)
-from lmrepro.pipeline.length_study import losses as _losses
-from lmrepro.pipeline.length_study import records as table_records
+from lmrepro.pipeline import length_study
+from lmrepro.pipeline.length_study import (at_point, finish_window, mean_bpb, paired_test, pct,
+                                           read_sweep, report_links, shown, trend)
 from lmrepro.pipeline.runs import Run, load_run
-from lmrepro.rundirs import run_label
 from lmrepro.scape.study import mechanism
 from lmrepro.scape.details import ScapeDetails
 from lmrepro.stats import StatsConfig
 
+STAGE = "scaling"
 PAPER_STEPS = 100_000          # the SCAPE authors' runs (100 000 iterations)
 SPARSE = ("scape", "topk")
 DENSE = ("adams", "adamw")
@@ -41,64 +37,35 @@ DIAGNOSTICS = ("mask_kept", "step_enter", "step_stay", "reentry_gap", "residual_
                "coverage_at_target")
 
 
+RUN_COLUMNS = ["kind", "size", "steps", "seed", "run", "method", "sparsity", "lr", "val_bpb",
+               "test_bpb", "diverged_at_step", "finished_at", "path"]
+
+
+def _details(run: Run) -> dict[str, Any]:
+    """SCAPE's columns of a run's row: method, sparsity, lr and test bits/byte."""
+    d = ScapeDetails.of(run.summary)
+    return {"method": run.summary.method, "sparsity": d.sparsity or 0.0, "lr": d.lr,
+            "test_bpb": d.final_test_bpb}
+
+
 def study_runs(stage_dir: str | Path) -> pd.DataFrame:
     """One row per finished run of the study (``runs/``) and its ablations (``ablations/``):
     kind, size, steps, seed, run name, method, sparsity, lr, final validation and test bits/byte,
     diverged step, when the run finished (its summary's time, UTC: the stage keeps finished runs
     whose identity matches, so a pipeline can publish runs trained before it), and the run
-    directory."""
-    stage_dir = Path(stage_dir)
-    rows = []
-    for kind in ("runs", "ablations"):
-        for found in find_runs(stage_dir / kind):
-            run = load_run(found.label, found.path)
-            s = run.summary
-            d = ScapeDetails.of(s)
-            rows.append({"kind": kind, "size": found.size, "steps": found.steps,
-                         "seed": found.seed, "run": found.run,
-                         "method": s.method, "sparsity": d.sparsity or 0.0,
-                         "lr": d.lr, "val_bpb": s.final_bpb,
-                         "test_bpb": d.final_test_bpb,
-                         "diverged_at_step": s.diverged_at_step,
-                         "finished_at": finished_at(run), "path": str(found.path)})
-    return pd.DataFrame(rows, columns=RUN_COLUMNS)
-
-
-RUN_COLUMNS = ["kind", "size", "steps", "seed", "run", "method", "sparsity", "lr", "val_bpb",
-               "test_bpb", "diverged_at_step", "finished_at", "path"]
+    directory; in the folders' order."""
+    return length_study.study_runs(stage_dir, RUN_COLUMNS, _details, ("runs", "ablations"))
 
 
 def gap_table(runs: pd.DataFrame, stats: StatsConfig, floor: Mapping[str, Any] | None
               ) -> pd.DataFrame:
-    """Per size, length, sparse run and dense baseline: the test-split gap with its seed-level
-    bounds, the baseline's test bits/byte against the trigram floor and whether it is
-    testable."""
-    from lmrepro.data.ngram import testable
-
-    rows = []
-    main = runs[runs.kind == "runs"]
-    tri = None if floor is None else float(floor["trigram"]["test"])
-    for (size, steps), point in main.groupby(["size", "steps"], sort=True):
-        loaded = {p: load_run(p, p) for p in point.path}
-        by_run: dict[str, list[Run]] = {}
-        for rec in point.itertuples():
-            by_run.setdefault(rec.run, []).append(loaded[rec.path])
-        for base_name in DENSE:
-            base = by_run.get(base_name)
-            if not base:
-                continue
-            bpb = float(np.mean([np.mean(_losses(r)) / LOG2 for r in base]))
-            for name, cand in by_run.items():
-                if cand[0].summary.method not in SPARSE:
-                    continue
-                t = paired_test(base, cand, stats)
-                rows.append({"size": size, "steps": int(steps), "candidate": name,
-                             "baseline": base_name, **t, "baseline_test_bpb": bpb,
-                             "candidate_test_bpb": float(np.mean([np.mean(_losses(r)) / LOG2
-                                                                  for r in cand])),
-                             "trigram_floor": tri,
-                             "testable": True if tri is None else testable(bpb, tri)})
-    return pd.DataFrame(rows)
+    """Per size, length, dense baseline and sparse run (in the order the runs are found): the
+    test-split gap with its seed-level bounds, the baseline's test bits/byte against the trigram
+    floor and whether it is testable (:func:`lmrepro.pipeline.length_study.gap_table`)."""
+    return length_study.gap_table(
+        runs, stats, floor, DENSE,
+        lambda by_run, base: [name for name, cand in by_run.items()
+                              if cand[0].summary.method in SPARSE])
 
 
 def ablation_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
@@ -115,8 +82,7 @@ def ablation_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
             base = [load_run(p, p) for p in point[point.run == base_name].path]
             if base:
                 rows.append({"ablation": name, "against": base_name,
-                             "test_bpb": float(np.mean([np.mean(_losses(r)) / LOG2
-                                                        for r in cand])),
+                             "test_bpb": mean_bpb(cand),
                              **paired_test(base, cand, stats)})
     return pd.DataFrame(rows)
 
@@ -136,8 +102,8 @@ def per_byte_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
                     rows.append({"size": size, "steps": int(steps), "candidate": cand,
                                  "baseline": base, "candidate_kb_per_step": sent[cand] / 1e3,
                                  "baseline_kb_per_step": sent[base] / 1e3,
-                                 "candidate_test_bpb": _mean_bpb(by_run[cand]),
-                                 "baseline_test_bpb": _mean_bpb(by_run[base]),
+                                 "candidate_test_bpb": mean_bpb(by_run[cand]),
+                                 "baseline_test_bpb": mean_bpb(by_run[base]),
                                  **paired_test(by_run[base], by_run[cand], stats)})
     return pd.DataFrame(rows)
 
@@ -146,10 +112,6 @@ def _bytes(run: Run) -> float:
     """Bytes a worker sends per step after the first (the mask's bootstrap step)."""
     b = run.summary.bytes_per_step_after_step0 or run.summary.bytes_per_step or {}
     return float(b.get("total", 0.0))
-
-
-def _mean_bpb(runs: list[Run]) -> float:
-    return float(np.mean([np.mean(_losses(r)) / LOG2 for r in runs]))
 
 
 def _ablated_run(run: Run) -> str:
@@ -184,12 +146,9 @@ def verdict_records(runs: pd.DataFrame, size: str, steps: int, stats: StatsConfi
     """The verdict point as :class:`~lmrepro.pipeline.records.AnalysisRecords` (stage
     ``scaling``), what the claims stage reads: the methods as the paper runs them, not the
     variants in ``leave_out`` (:func:`lmrepro.scape.study.mechanism.variants`)."""
-    point = runs[(runs.kind == "runs") & (runs["size"] == size) & (runs.steps == steps)
-                 & ~runs.run.isin(list(leave_out))]
-    named = {run_label(f"{size}/L{steps}", r.seed, r.run): r.path for r in point.itertuples()}
-    outcomes = run_comparisons(named, stats=stats, floors=floors)
-    return analysis_records(named, stage="scaling", stats=stats, outcomes=outcomes,
-                            floors=floors)
+    return length_study.verdict_records(runs, size, steps,
+                                        lambda run: ~run.isin(list(leave_out)), STAGE, stats,
+                                        floors)
 
 
 def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfig,
@@ -197,10 +156,11 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
                    corpus: str, contrasts: Sequence[Any] = (), leave_out: Sequence[str] = ()
                    ) -> dict[str, Any]:
     """Every table of the study as CSV under ``out_dir``, ``analysis.json`` (the verdict point's
-    records) and ``scaling.json`` (tables as records); returns the tables."""
-    from lmrepro.scape.study import horizon, plots
+    records) and ``scaling.json`` (tables as records), the README section and the figures
+    (:func:`lmrepro.pipeline.length_study.write_analysis`); returns the tables, records, figures
+    and sweep."""
+    from lmrepro.scape.study import horizon
 
-    out_dir = Path(out_dir)
     runs = study_runs(stage_dir)
     floor = floors.get(corpus)
     tables: dict[str, pd.DataFrame] = {"runs": runs.drop(columns=["path"])}
@@ -213,25 +173,25 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     tables["contrasts"] = mechanism.contrast_table(runs, contrasts, *verdict, stats)
     tables["mechanism_diagnostics"] = mechanism.diagnostics_table(runs, *verdict)
     tables.update(horizon.multiplier_tables(runs, floor))
-    sweep = stage_dir_sweep(stage_dir)
-    if sweep is not None:
-        tables["sweep"] = pd.DataFrame(sweep["rows"])
-    edge = read_if_there(Path(stage_dir) / "sweep" / "edge_check.json")
-    if edge is not None:
-        tables["edge_check"] = pd.DataFrame(edge["rows"])
-    for name, frame in tables.items():
-        atomic_write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
-    point = runs[(runs.kind == "runs") & (runs["size"] == verdict[0])
-                 & (runs.steps == verdict[1])]
-    records = verdict_records(runs, *verdict, stats, floors, leave_out) if len(point) else None
-    if records is not None:
-        records = with_multipliers(records, tables["final_multiplier"])
-    if records is not None:      # the claims stage reads the verdict point, when it has runs
-        atomic_write_json(out_dir / "analysis.json", records.model_dump(mode="json"))
-    atomic_write_json(out_dir / "scaling.json", {
-        "verdict": {"size": verdict[0], "steps": verdict[1]}, "floor": floor,
-        "sweep": sweep, **{k: table_records(v) for k, v in tables.items()}})
-    atomic_write_text(out_dir / README_SECTION, readme_markdown(tables, sweep, verdict, floor))
+
+    def analysis(t: Mapping[str, pd.DataFrame]) -> Any:
+        if not len(at_point(runs, *verdict)):
+            return None
+        return with_multipliers(verdict_records(runs, *verdict, stats, floors, leave_out),
+                                t["final_multiplier"])
+
+    return length_study.write_analysis(
+        stage_dir, out_dir, STAGE, tables, verdict, floor, analysis=analysis,
+        readme=lambda t, sweep: readme_markdown(t, sweep, verdict, floor),
+        figures=lambda: _figures(runs, gaps, tables, floor, verdict))
+
+
+def _figures(runs: pd.DataFrame, gaps: pd.DataFrame, tables: Mapping[str, pd.DataFrame],
+             floor: Mapping[str, Any] | None, verdict: tuple[str, int]) -> dict[str, Any]:
+    """The study's figures: the gaps and curves (:func:`lmrepro.scape.study.plots.figures`), the
+    verdict point's stable-phase curves and the steps-to-target multipliers."""
+    from lmrepro.scape.study import horizon, plots
+
     figures = plots.figures(runs, gaps, floor, verdict)
     curves = horizon.point_curves(runs).get(verdict)
     if curves:
@@ -241,9 +201,7 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     if len(tables["multiplier"]):
         figures["multiplier"] = horizon.multiplier_figure(tables["multiplier"], floor,
                                                           plots.COLOURS)
-    for name, fig in figures.items():
-        plots.save(fig, out_dir / f"{name}.png")
-    return {"tables": tables, "records": records, "figures": figures, "sweep": sweep}
+    return figures
 
 
 def with_multipliers(records: Any, ends: pd.DataFrame) -> Any:
@@ -271,56 +229,51 @@ def with_multipliers(records: Any, ends: pd.DataFrame) -> Any:
 
 
 def stage_dir_sweep(stage_dir: str | Path) -> dict[str, Any] | None:
-    return read_if_there(Path(stage_dir) / "sweep" / "sweep.json")
+    """The study's lr sweep (``sweep/sweep.json``), or None without one."""
+    return read_sweep(stage_dir)
 
 
 def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling",
                            out_dir: str | Path = "results/analysis/scaling"
                            ) -> dict[str, Any] | None:
     """The ``analysis_scaling`` stage (``params``: :class:`lmrepro.pipeline.params.Params`):
-    :func:`write_analysis` of the profile's study, or None (and a note) without one."""
+    :func:`write_analysis` of the profile's study, or None (and a note) without one
+    (:func:`lmrepro.pipeline.length_study.analysis_stage`)."""
     from lmrepro.pipeline.analysis import corpus_floors
 
-    from lmrepro.pipeline.headline import metrics_dir, study_items, write_headline
+    def analyse(study: Any) -> dict[str, Any]:
+        floors = corpus_floors(params.data.prepared_dir, {params.scape.corpus})
+        return write_analysis(stage_dir, out_dir, params.stats,
+                              (study.verdict_size, study.verdict_steps), floors,
+                              params.scape.corpus, study.contrasts, mechanism.variants(study))
 
-    study = params.scape.scaling
-    headline = metrics_dir(out_dir, "scaling")
-    if study is None:
-        atomic_write_json(Path(out_dir) / "scaling.json",
-                          {"note": "no training-length study in this profile"})
-        write_headline(headline, {})
-        return None
-    floors = corpus_floors(params.data.prepared_dir, {params.scape.corpus})
+    return length_study.analysis_stage(params.scape.scaling, out_dir, STAGE, analyse,
+                                       _headline)
+
+
+def _headline(study: Any, result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The stage's headline items: the verdict point's gaps and mechanism contrasts, the
+    contrasts read as the gaps are."""
+    from lmrepro.pipeline.headline import study_items
+
     verdict = (study.verdict_size, study.verdict_steps)
-    result = write_analysis(stage_dir, out_dir, params.stats, verdict, floors,
-                            params.scape.corpus, study.contrasts, mechanism.variants(study))
     contrasts = result["tables"]["contrasts"]
-    if len(contrasts):       # the mechanism contrasts, read as the gaps are
+    if len(contrasts):
         contrasts = contrasts.assign(size=verdict[0], steps=verdict[1],
                                      verdict=contrasts["direction"])
-    write_headline(headline, {**study_items(result["tables"]["gaps"], verdict),
-                              **study_items(contrasts, verdict)})
-    return result
-
-
-README_SECTION = "readme_section.md"
-#: where the published folder goes in the section's links (replaced by ``lmrepro publish``)
-LINK_BASE = "{published}"
+    return {**study_items(result["tables"]["gaps"], verdict), **study_items(contrasts, verdict)}
 
 
 def _pct(x: Any) -> str:
-    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) \
-        else f"{100 * float(x):+.2f} %"
+    return pct(x, "")
 
 
 def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any] | None,
                     verdict: tuple[str, int], floor: Mapping[str, Any] | None) -> str:
-    """The README's section on the study, from its tables only (links under :data:`LINK_BASE`)."""
+    """The README's section on the study, from its tables only (links under
+    :data:`lmrepro.pipeline.length_study.LINK_BASE`)."""
     gaps, trend_t = tables["gaps"], tables["trend"]
-    lines = [f"Full report: [{LINK_BASE}/reports/11_analysis_scaling.html]"
-             f"({LINK_BASE}/reports/11_analysis_scaling.html); tables in "
-             f"[{LINK_BASE}/results/analysis/scaling/]({LINK_BASE}/results/analysis/scaling/).",
-             ""]
+    lines = [report_links("11_analysis_scaling", STAGE), ""]
     if floor is not None:
         lines += [f"n-gram floor of the corpus (test split): bigram "
                   f"{floor['bigram']['test']:.3f}, trigram {floor['trigram']['test']:.3f} "
