@@ -263,3 +263,42 @@ def test_no_notebook_repeats_a_cell(path: Path) -> None:
     assert len(code) == len(set(code)), [s for s in code if code.count(s) > 1]
     ids = [c.get("id") for c in cells]
     assert len(ids) == len(set(ids))
+
+
+def test_a_report_kernel_drops_only_its_control_tasks_pending_end(caplog, monkeypatch):
+    """asyncio logs a task destroyed while pending; a report's kernel drops that record for
+    ipykernel's control dispatcher (which answers the shutdown request from inside itself) and
+    keeps it for any other task."""
+    import asyncio
+    import gc
+    import logging
+
+    from lmrepro.lifetime import RUNNER_PID_ENV
+    from lmrepro.pipeline.notebook import KernelControlTaskEnd, prepare_report_kernel
+
+    class Kernel:
+        async def dispatch_control(self) -> None:
+            await asyncio.sleep(3600)
+
+    async def some_other_task() -> None:
+        await asyncio.sleep(3600)
+
+    monkeypatch.delenv(RUNNER_PID_ENV, raising=False)
+    asyncio_log = logging.getLogger("asyncio")
+    try:
+        assert prepare_report_kernel() is None and prepare_report_kernel() is None
+        assert sum(isinstance(f, KernelControlTaskEnd) for f in asyncio_log.filters) == 1
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            loop = asyncio.new_event_loop()
+            tasks = [loop.create_task(Kernel().dispatch_control()),
+                     loop.create_task(some_other_task())]
+            loop.run_until_complete(asyncio.sleep(0))
+            loop.close()
+            del tasks
+            gc.collect()
+        pending = [r.getMessage() for r in caplog.records
+                   if r.getMessage().startswith("Task was destroyed but it is pending!")]
+        assert len(pending) == 1 and "some_other_task()" in pending[0], pending
+    finally:
+        for f in [f for f in asyncio_log.filters if isinstance(f, KernelControlTaskEnd)]:
+            asyncio_log.removeFilter(f)

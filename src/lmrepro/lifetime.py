@@ -26,7 +26,8 @@ dvc → ``lmrepro notebook``         :func:`bind_to_pipeline` (under DVC only: `
                                    runs) with a hard deadline
 notebook → kernel                  that SIGTERM; when the notebook is SIGKILLed,
                                    :func:`die_with_report_runner`, run by the kernel before any
-                                   cell (``exec_lines``): a watchdog on the runner's PID (a
+                                   cell (``exec_lines``, lmrepro.pipeline.notebook's
+                                   ``prepare_report_kernel``): a watchdog on the runner's PID (a
                                    pidfd, at once; ipykernel's
                                    own parent poller would take up to 1 s, long enough for a
                                    small run to train on and write more checkpoints)

@@ -15,8 +15,9 @@ would turn every figure into a ``<Figure size ...>`` line).
 
 The kernel talks to this process over Unix sockets in the run's private scratch directory
 (:func:`kernel_transport`), not TCP ports on localhost, and is ended without the interrupt
-jupyter_client sends first (:func:`kernel_manager_class`): a stage's log holds our lines and the
-notebook's, no kernel warnings and no tracebacks of the kernel's shutdown.
+jupyter_client sends first (:func:`kernel_manager_class`), its control task's end unlogged
+(:class:`KernelControlTaskEnd`): a stage's log holds our lines and the notebook's, no kernel
+warnings and no tracebacks of the kernel's shutdown.
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ log = logging.getLogger(__name__)
 
 #: set to "1" in the kernel's environment by :func:`run_notebook`
 REPORT_ENV = "LMREPRO_REPORT"
-#: run by the kernel before any cell: it dies the moment this process does, whatever the
-#: notebook holds (:func:`lmrepro.lifetime.die_with_report_runner`)
-KERNEL_EXEC_LINES = ("--IPKernelApp.exec_lines=__import__('lmrepro.lifetime', fromlist=['_'])"
-                     ".die_with_report_runner() and None")
+#: run by the kernel before any cell (:func:`prepare_report_kernel`)
+KERNEL_EXEC_LINES = ("--IPKernelApp.exec_lines=__import__('lmrepro.pipeline.notebook', "
+                     "fromlist=['_']).prepare_report_kernel() and None")
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 
@@ -54,6 +54,34 @@ def _kernel_env() -> None:
     os.environ[REPORT_ENV] = "1"
     os.environ[RUNNER_PID_ENV] = str(os.getpid())
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+
+
+class KernelControlTaskEnd(logging.Filter):
+    """Drops asyncio's "Task was destroyed but it is pending!" for ipykernel's control task.
+
+    ipykernel answers the shutdown request inside the task that dispatches control messages
+    (``Kernel.dispatch_control``) and stops the control loop from there, so that task is still
+    pending when the kernel exits; when the garbage collector reaches it first, asyncio logs it
+    as an error into the stage's log. It is the kernel's normal end, not the notebook's; any
+    other pending task is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (text.startswith("Task was destroyed but it is pending!")
+                    and "Kernel.dispatch_control()" in text)
+
+
+def prepare_report_kernel() -> int | None:
+    """Run by a report's kernel before any cell (:data:`KERNEL_EXEC_LINES`): it dies the moment
+    the runner does, whatever the notebook holds (:func:`lmrepro.lifetime.die_with_report_runner`;
+    the PID watched, None outside a report), and the end of its control task stays out of the
+    log (:class:`KernelControlTaskEnd`)."""
+    from lmrepro.lifetime import die_with_report_runner
+
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, KernelControlTaskEnd) for f in asyncio_log.filters):
+        asyncio_log.addFilter(KernelControlTaskEnd())
+    return die_with_report_runner()
 
 
 #: the longest path of a Unix socket (``sun_path`` holds 108 bytes with the closing NUL)
