@@ -82,9 +82,24 @@ def four(**kw) -> RGCConfig:
     return cfg(**{"n_stages": 4, "threads": None, "steps": 4, **kw})
 
 
+#: Adam divides each coordinate's step by that coordinate's own gradient scale, so a rounding
+#: difference in a near-zero gradient can move the one coordinate further than rounding does
+#: (seen on an Intel Xeon: 1 of 1024 by 1.4e-5, while a changed schedule moves ~99 % of them by
+#: up to 1e-2): at most this share of a tensor may lie outside the rounding tolerance
+ADAM_OUTLIERS = 1 / 500
+
+
 def assert_same_run(a, b) -> None:
+    """The same run to float rounding: every tensor within rtol 1e-4 / atol 1e-5 but for at
+    most :data:`ADAM_OUTLIERS` of its coordinates (none in a tensor of fewer than 500), each of
+    those within one step of the lr; the same evaluation and stage losses."""
+    lr = cfg().lr
     for n, v in b.final_state.items():
-        torch.testing.assert_close(a.final_state[n], v, rtol=1e-4, atol=1e-5)
+        diff = (a.final_state[n] - v).abs()
+        outside = int((diff > 1e-5 + 1e-4 * v.abs()).sum())
+        assert outside <= int(ADAM_OUTLIERS * v.numel()) and float(diff.max()) < lr, \
+            f"{n}: {outside} of {v.numel()} coordinates differ beyond rounding, at most " \
+            f"{float(diff.max()):.3g}"
     np.testing.assert_allclose(a.eval_losses, b.eval_losses, rtol=1e-5)
     np.testing.assert_allclose([m["stage_losses"] for m in a.metrics if "loss" in m],
                                [m["stage_losses"] for m in b.metrics if "loss" in m], rtol=1e-5)
