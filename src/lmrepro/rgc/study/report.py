@@ -117,6 +117,12 @@ def frontier_table(runs: pd.DataFrame, gaps: pd.DataFrame, verdict: tuple[str, i
         ["consensus_staleness", "horizon"], ignore_index=True)
 
 
+def shows_frontier(frontier: pd.DataFrame | None) -> bool:
+    """Whether a frontier has anything to show: RGC runs at more than one horizon (a profile
+    whose runs share one horizon shows none)."""
+    return frontier is not None and frontier.horizon.nunique() > 1
+
+
 def frontier_figure(frontier: pd.DataFrame, baseline: str) -> Any:
     """The gap against H, one line per staleness s, the one-sided bounds as bars and each
     point's benchmark throughput (x backprop) written beside it."""
@@ -157,7 +163,7 @@ def figures(runs: pd.DataFrame, gaps: pd.DataFrame, floor: Mapping[str, Any] | N
     out = {"gap_vs_length": length_plots.gap_vs_length(gaps, baseline, COLOURS, baseline)}
     if len(at_point(runs, *verdict)):
         out["verdict_curves"] = length_plots.verdict_curves(runs, *verdict, floor, COLOURS)
-    if frontier is not None and frontier.horizon.nunique() > 1:
+    if shows_frontier(frontier):
         out["frontier"] = frontier_figure(frontier, baseline)
     return out
 
@@ -200,7 +206,6 @@ def analysis_stage(params: Any, stage_dir: str | Path = "results/rgc_scaling",
     """The ``analysis_rgc_scaling`` stage: :func:`write_analysis` of the profile's study, or
     None (and a note) without one (:func:`lmrepro.pipeline.length_study.analysis_stage`)."""
     from lmrepro.pipeline.analysis import corpus_floors
-
     from lmrepro.pipeline.headline import study_items
 
     def analyse(study: Any) -> dict[str, Any]:
@@ -264,7 +269,7 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                          f"{'yes' if r.testable else 'no'} |")
         lines.append("")
     front = tables.get("frontier")
-    if front is not None and front.horizon.nunique() > 1:
+    if front is not None and shows_frontier(front):
         lines += [f"The frontier at the verdict point: each RGC run's gap against its horizon H "
                   "and consensus staleness s, beside the RGC benchmark's async tokens/s over "
                   f"{baseline}'s at the same (H, s) and cores (`bench/results/rgc.json`, its "
