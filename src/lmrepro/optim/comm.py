@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import NonFiniteGradientError, ParameterError, check
+from .local_group import DONE, LocalMember
 
 KINDS = ("grad_values", "param_values", "mask")
 
@@ -37,11 +38,15 @@ def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any, async_op: bool
 
 
 class Comm:
-    """Collectives over ``group`` (or local fall-backs), counting the bytes each rank hands in."""
+    """Collectives over ``group`` (or local fall-backs), counting the bytes each rank hands in.
+    ``group`` may be a :class:`.local_group.LocalMember`: a worker simulated in this process."""
 
     def __init__(self, process_group: Any = None) -> None:
         self.group = process_group
-        if _dist_ready():
+        self.member = process_group if isinstance(process_group, LocalMember) else None
+        if self.member is not None:
+            self.rank, self.world = self.member.rank, self.member.world
+        elif _dist_ready():
             self.rank = dist.get_rank(process_group)
             self.world = dist.get_world_size(process_group)
             check(self.rank >= 0, "process_group", process_group,
@@ -50,7 +55,7 @@ class Comm:
             check(process_group is None, "process_group", process_group,
                   "must be None when torch.distributed is not initialised")
             self.rank, self.world = 0, 1
-        self.distributed = _dist_ready() and self.world > 1
+        self.distributed = (self.member is not None or _dist_ready()) and self.world > 1
         self._current = dict.fromkeys(KINDS, 0)
         self._last = dict.fromkeys(KINDS, 0)
 
@@ -79,6 +84,9 @@ class Comm:
         self._count(t, kind)
         if not self.distributed:
             return None
+        if self.member is not None:
+            self.member.all_reduce_(t)
+            return DONE if async_op else None
         work = dist.all_reduce(t, group=self.group, async_op=async_op)
         return work if async_op else None
 
@@ -89,6 +97,8 @@ class Comm:
         self._count(inp, kind)
         if not self.distributed:
             return inp.clone(), None
+        if self.member is not None:
+            return self.member.all_gather(inp), (DONE if async_op else None)
         out = torch.empty(inp.numel() * self.world, dtype=inp.dtype, device=inp.device)
         work = _all_gather(out, inp.contiguous(), self.group, async_op)
         return out, (work if async_op else None)
@@ -96,7 +106,9 @@ class Comm:
     # -- uncounted set-up collectives ----------------------------------------------------------
     def broadcast_(self, t: torch.Tensor, src_rank: int = 0) -> torch.Tensor:
         """Broadcast from group rank ``src_rank`` (set-up only, not counted per step)."""
-        if self.distributed:
+        if self.distributed and self.member is not None:
+            self.member.broadcast_(t, src_rank)
+        elif self.distributed:
             src = dist.get_global_rank(self.group, src_rank) if self.group is not None else src_rank
             dist.broadcast(t, src=src, group=self.group)
         return t
@@ -106,6 +118,8 @@ class Comm:
         t = torch.tensor(values, dtype=torch.int64, device=device)
         if not self.distributed:
             return [values]
+        if self.member is not None:
+            return self.member.all_gather(t).view(self.world, -1).tolist()
         out = torch.empty(t.numel() * self.world, dtype=torch.int64, device=device)
         _all_gather(out, t, self.group, False)
         return out.view(self.world, -1).tolist()

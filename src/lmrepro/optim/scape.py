@@ -173,6 +173,8 @@ class SCAPE(torch.optim.Optimizer):
         self._sparse_steps = 0
         self._target_steps = 0
         self.last_step_info: dict[str, Any] = {}
+        self.keep_corrected = False          # keep a copy of each step's c (diagnostics)
+        self.last_corrected: torch.Tensor | None = None
 
     # -- torch.optim.Optimizer interface ---------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -314,6 +316,8 @@ class SCAPE(torch.optim.Optimizer):
         self.comm.begin_step()
         info: dict[str, Any] = {}
         c, finite = self._corrected_momentum()                          # 1.
+        if self.keep_corrected:     # a diagnostic copy (the mask-agreement probe), off by default
+            self.last_corrected = c.clone()
         idx, s, nxt = self._exchange(c, finite, d_now, d_next, info)    # 2., 3. (6. launched)
         s, u = self._direction(s, idx, t, info)                         # 4.
         if idx is None:

@@ -91,6 +91,7 @@ class TopKEF:
         self.ever = torch.zeros(self.n, dtype=torch.bool, device=dev)
         self._sent = torch.zeros(self.n, dtype=torch.bool, device=dev)    # this step's union
         self.last_in = torch.full((self.n,), -1, dtype=torch.int64, device=dev)
+        self.last_selected = torch.zeros(0, dtype=torch.int64, device=dev)
         self._sparse_steps = 0
         self._step = 0
         self.last_step_info: dict[str, Any] = {}
@@ -151,6 +152,7 @@ class TopKEF:
         parts = [topk_indices(a[o:o + k].abs(), keep_count(density, k)).to(a.device) + o
                  for o, k, ex in self._slots if not ex]
         sel = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=a.device)
+        self.last_selected = sel        # this rank's own choice (the masks' overlap diagnostics)
         e = self.n_excluded
         vals = torch.cat([a.index_select(0, self._excluded_idx), a.index_select(0, sel),
                           torch.tensor([0.0 if finite else 1.0], device=a.device)])

@@ -3,7 +3,9 @@
 * ``lmrepro train-scape ...``: one worker of a distributed run, started by ``torchrun`` (the
   program of :mod:`lmrepro.scape.train.worker`, whose flags and docstring say more);
 * ``lmrepro scaling``: run or resume the training-length study of ``scape.scaling``
-  (:mod:`lmrepro.scape.study.scaling`).
+  (:mod:`lmrepro.scape.study.scaling`);
+* ``lmrepro workers``: run or resume the worker-count study of ``scape.workers``
+  (:mod:`lmrepro.scape.study.workers`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,20 @@ def run_scaling(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_workers(args: argparse.Namespace) -> int:
+    from lmrepro.errors import check
+    from lmrepro.pipeline.params import load_params
+    from lmrepro.scape.study.workers import run_workers_study
+
+    params = load_params(args.params, args.profile)
+    check(params.scape.workers is not None, "scape.workers", None,
+          f"must be set in the profile to run the study (profile {params.profile!r} has none; "
+          "try --profile workers)")
+    dirs = run_workers_study(params.scape, params.data.prepared_dir, args.out)
+    print(f"workers study: {len(dirs)} verdict runs finished under {args.out}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``train-scape`` and ``scaling`` to the ``lmrepro`` command."""
     p = subparsers.add_parser("train-scape", help="one torchrun worker of a SCAPE / baseline run",
@@ -39,3 +55,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--profile", default=None, help="profile in params.yaml (e.g. scaling)")
     p.add_argument("--out", default="results/scaling", help="the study's stage directory")
     p.set_defaults(func=run_scaling)
+    p = subparsers.add_parser("workers", help="run or resume the worker-count study of "
+                              "scape.workers (lmrepro.scape.study.workers)")
+    p.add_argument("--params", default="params.yaml", help="parameter file")
+    p.add_argument("--profile", default=None, help="profile in params.yaml (e.g. workers)")
+    p.add_argument("--out", default="results/workers", help="the study's stage directory")
+    p.set_defaults(func=run_workers)

@@ -302,6 +302,63 @@ class ScalingStudy(Section):
         return self.lengths[self.verdict_size][-1]
 
 
+class WorkersStudy(Section):
+    """The ``scape.workers`` section: the worker-count study (:mod:`lmrepro.scape.study.workers`).
+    Every run at every worker count W trains ``steps`` steps of ``model`` on a global batch of
+    ``global_batch`` sequences (each worker ``global_batch / W``), with W workers simulated in
+    one process (:mod:`lmrepro.scape.train.simulated`)."""
+
+    key: ClassVar[str] = "scape.workers"
+
+    model: ModelConfig = Field(description="the model every run trains")
+    steps: int = Field(ge=1, description="optimizer steps of every run")
+    global_batch: int = Field(ge=1, description="sequences per step over all workers")
+    workers: list[int] = Field(min_length=1, description="worker counts W, increasing")
+    runs: list[ScapeRun] = Field(min_length=1, description="the methods, each at its centre lr")
+    seeds: list[int] = Field(min_length=1, description="verdict seeds (test split)")
+    warmup_fraction: float = Field(default=0.05, ge=0.0, lt=1.0, description="lr warm-up, a "
+                                   "fraction of the run")
+    sparsity_warmup_fraction: float = Field(default=0.10, ge=0.0, lt=1.0, description="the "
+                                            "sparse methods' sparsity warm-up, a fraction")
+    sweep_workers: list[int] = Field(min_length=1, description="the worker counts at which "
+                                     "every run's lr is bracketed; another W takes the winner "
+                                     "of the nearest of them (in log W, the smaller on a tie)")
+    sweep_factors: list[float] = Field(min_length=3, description="multiples of each run's "
+                                       "centre lr tried, increasing")
+    sweep_seed: int = Field(default=1000, ge=0, description="the sweep's held-out seed")
+    max_extensions: int = Field(default=2, ge=0, description="a winner on the grid's edge is "
+                                "extended one grid step further, at most this many times, "
+                                "before any verdict run")
+    probe_every: int = Field(default=10, ge=0, description="SCAPE's mask-agreement probe "
+                             "every this many steps (0: none)")
+    parallel: int = Field(default=2, ge=1, description="runs trained at once (one process "
+                          "each)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkersStudy:
+        if sorted(set(self.workers)) != self.workers or self.workers[0] < 1:
+            raise field_error("workers", self.workers, "must be distinct counts >= 1, "
+                              "increasing")
+        for w in self.workers:
+            if self.global_batch % w:
+                raise field_error("workers", self.workers, f"must divide global_batch = "
+                                  f"{self.global_batch} (W = {w} does not)")
+        if not set(self.sweep_workers) <= set(self.workers):
+            raise field_error("sweep_workers", self.sweep_workers,
+                              f"must be among workers {self.workers}")
+        f = self.sweep_factors
+        if sorted(set(f)) != f or f[0] <= 0 or 1.0 not in f:
+            raise field_error("sweep_factors", f, "must be distinct positive multiples, "
+                              "increasing, 1.0 among them")
+        if self.sweep_seed in self.seeds:
+            raise field_error("sweep_seed", self.sweep_seed, f"must be held out: not one of "
+                              f"the verdict seeds {self.seeds}")
+        names = [r.run_name for r in self.runs]
+        if len(set(names)) != len(names):
+            raise field_error("runs", names, "run names must be unique")
+        return self
+
+
 class ScapeSuite(ScapeConfig):
     """The ``scape:`` section: shared settings, where and how many workers, the runs and the
     optional learning-rate sweep."""
@@ -315,6 +372,8 @@ class ScapeSuite(ScapeConfig):
     scaling: ScalingStudy | None = Field(default=None, description="the training-length study "
                                          "(lmrepro.scape.study.scaling; null: none in this "
                                          "profile)")
+    workers: WorkersStudy | None = Field(default=None, description="the worker-count study "
+                                         "(lmrepro.scape.study.workers; null: none)")
 
     @model_validator(mode="after")
     def _unique_names(self) -> ScapeSuite:

@@ -79,12 +79,14 @@ def load_split_data(corpus_dir: str | os.PathLike, split: str) -> np.ndarray:
     return load_split(corpus_dir, split)
 
 
-def build_optimizer(cfg: ScapeConfig, run: ScapeRun, model: torch.nn.Module) -> Any:
+def build_optimizer(cfg: ScapeConfig, run: ScapeRun, model: torch.nn.Module,
+                    process_group: Any = None) -> Any:
     """The optimizer of ``run`` under the suite's shared harness: every method gets the package's
     weight-decay groups (:func:`lmrepro.optim.weight_decay_groups`: no decay on 1-D tensors and
     embeddings), the run's learning rate, the suite's betas, eps and ``max_grad_norm`` (the
     global norm of the averaged, for SCAPE the synced, gradient), and AdamS-based methods the
-    suite's ``bias_correction``. Every optimizer exposes ``comm_stats()``."""
+    suite's ``bias_correction``. Every optimizer exposes ``comm_stats()``; ``process_group``
+    is the optimizers' (default: the world)."""
     groups = weight_decay_groups(model, cfg.weight_decay)
     lr, betas = run.lr_or(cfg.lr), (cfg.beta1, cfg.beta2)
 
@@ -95,9 +97,9 @@ def build_optimizer(cfg: ScapeConfig, run: ScapeRun, model: torch.nn.Module) -> 
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=cfg.eps, foreach=False)
 
     if run.optimizer == "adamw":
-        return DenseDP(adamw(), max_grad_norm=cfg.max_grad_norm)
+        return DenseDP(adamw(), max_grad_norm=cfg.max_grad_norm, process_group=process_group)
     if run.optimizer == "adams":
-        return DenseDP(adams(), max_grad_norm=cfg.max_grad_norm)
+        return DenseDP(adams(), max_grad_norm=cfg.max_grad_norm, process_group=process_group)
     if run.optimizer == "scape":
         return SCAPE(groups, lr=lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                      sparsity=run.sparsity, dense_steps=run.dense_steps_or(cfg.dense_steps),
@@ -106,14 +108,14 @@ def build_optimizer(cfg: ScapeConfig, run: ScapeRun, model: torch.nn.Module) -> 
                      exclude_1d_from_topk=cfg.exclude_1d_from_topk,
                      bias_correction=cfg.bias_correction, max_grad_norm=cfg.max_grad_norm,
                      mask_rule=run.mask_rule, decay_scope=run.decay_scope,
-                     off_mask_momentum=run.momentum_rule)
+                     off_mask_momentum=run.momentum_rule, process_group=process_group)
     inner = adams() if run.topk_inner == "adams" else adamw()
     return TopKEF(inner, sparsity=run.sparsity, exclude_1d_from_topk=cfg.exclude_1d_from_topk,
                   max_grad_norm=cfg.max_grad_norm,
                   dense_steps=run.dense_steps_or(cfg.dense_steps),
                   sparsity_start=cfg.sparsity_start,
                   sparsity_warmup_steps=cfg.sparsity_warmup_steps,
-                  off_mask_momentum=run.momentum_rule)
+                  off_mask_momentum=run.momentum_rule, process_group=process_group)
 
 
 #: SCAPE's per-step mask diagnostics (:meth:`lmrepro.optim.SCAPE._mask_diagnostics`)
