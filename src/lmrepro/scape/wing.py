@@ -59,10 +59,19 @@ WING = Wing(
                   analyses=("results/analysis/scape/analysis.json",),
                   extra=("results/steptime/predictions.json",),
                   published=("results/steptime/*.json", "results/steptime/*.csv",
-                             "results/steptime/*.png"),
+                             "results/steptime/*.png",
+                             # the worker-count study (lmrepro.scape.study.workers): its runs'
+                             # summaries, per-batch losses and jobs, the sweep, the analysis
+                             *(f"results/scaling/workers/{kind}/**/{name}"
+                               for kind in ("runs", "sweep")
+                               for name in ("summary.json", "eval_losses.json",
+                                            "eval_losses_test.json", "job.json")),
+                             "results/scaling/workers/sweep/sweep.json",
+                             "results/analysis/scaling/workers/*.csv",
+                             "results/analysis/scaling/workers/*.png"),
                   headline="lmrepro.scape.steptime.report:headline_from_run"),
     commands=("lmrepro.scape.cli", "lmrepro.scape.steptime.predict_cli",
               "lmrepro.scape.authors.logs"),
     doc_sections=("lmrepro.scape.analysis.report", "lmrepro.scape.study.review",
-                  "lmrepro.scape.study.mechanism_review"),
+                  "lmrepro.scape.study.mechanism_review", "lmrepro.scape.study.workers_review"),
 )

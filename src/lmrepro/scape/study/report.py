@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lmrepro.io import atomic_write_text
 from lmrepro.pipeline import length_study
 from lmrepro.pipeline.length_study import (at_point, finish_window, mean_bpb, paired_test, pct,
                                            read_sweep, report_links, shown, trend)
@@ -247,8 +248,28 @@ def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling
                               (study.verdict_size, study.verdict_steps), floors,
                               params.scape.corpus, study.contrasts, mechanism.variants(study))
 
-    return length_study.analysis_stage(params.scape.scaling, out_dir, STAGE, analyse,
-                                       _headline)
+    result = length_study.analysis_stage(params.scape.scaling, out_dir, STAGE, analyse,
+                                         _headline)
+    if params.scape.workers is not None:
+        workers_stage(Path(stage_dir) / "workers", Path(out_dir), params.stats.confidence,
+                      with_length_study=result is not None)
+    return result
+
+
+def workers_stage(stage_dir: Path, out_dir: Path, confidence: float,
+                  with_length_study: bool) -> dict[str, pd.DataFrame]:
+    """The worker-count study's analysis (:mod:`lmrepro.scape.study.workers_report`) into
+    ``out_dir/workers``; its section is the stage's README section, or follows the length
+    study's."""
+    from lmrepro.scape.study.workers_report import section_markdown, write_analysis
+
+    tables = write_analysis(stage_dir, out_dir / "workers", confidence)
+    text = section_markdown(tables, "results/analysis/scaling/workers/")
+    readme = out_dir / length_study.README_SECTION
+    if with_length_study and readme.exists():
+        text = readme.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + text
+    atomic_write_text(readme, text)
+    return tables
 
 
 def _headline(study: Any, result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -55,6 +55,9 @@ from lmrepro.scape.train.launch import run_scape_suite
 
 log = logging.getLogger(__name__)
 
+#: the worker-count study's folder in the stage directory
+WORKERS = "workers"
+
 
 def scaled_settings(base: ScapeConfig, steps: int, warmup_fraction: float,
                     sparsity_warmup_fraction: float, curve_points: int = 0) -> ScapeConfig:
@@ -221,7 +224,13 @@ def run_study(suite: ScapeSuite, model: ModelConfig, prepared_dir: str | Path,
 def scaling_stage(suite: ScapeSuite, prepared_dir: str | Path,
                   stage_dir: str | Path = "results/scaling") -> dict[str, Path]:
     """The ``train_scaling`` stage: the study of ``suite.scaling`` (run or resumed), or, in a
-    profile without one, a plan saying so (the stage's outputs always exist)."""
-    if suite.scaling is None:
-        return no_study(stage_dir)
-    return run_study(suite, ModelConfig(), prepared_dir, stage_dir)
+    profile without one, a plan saying so (the stage's outputs always exist); then the
+    worker-count study of ``suite.workers``, when the profile has one, in ``<stage>/workers``
+    (:mod:`lmrepro.scape.study.workers`)."""
+    runs = (no_study(stage_dir) if suite.scaling is None
+            else run_study(suite, ModelConfig(), prepared_dir, stage_dir))
+    if suite.workers is not None:
+        from lmrepro.scape.study.workers import run_workers_study
+
+        run_workers_study(suite, prepared_dir, Path(stage_dir) / WORKERS)
+    return runs

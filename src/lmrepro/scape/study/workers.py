@@ -21,7 +21,7 @@ Order (one call resumes where an interrupted one stopped; a finished run is neve
 Run directories: ``<stage>/sweep/W<w>/seed<s>/<run>@lr<lr>/`` and
 ``<stage>/runs/W<w>/seed<s>/<run>/``; each holds ``job.json`` (what it was trained with): a
 finished run whose job differs from the one asked for is an error, never silently reused.
-``<stage>/sweep.json`` lists every sweep run, its validation and test loss and the winners. The
+``<stage>/sweep/sweep.json`` lists every sweep run, its validation and test loss and the winners. The
 analysis is :mod:`lmrepro.scape.study.workers_report`.
 """
 
@@ -91,7 +91,8 @@ def train_job(job: Job) -> str:
     wanted = asdict(job)
     if (out / SUMMARY).exists():
         had = read_json(out / JOB) if (out / JOB).exists() else None
-        if had != wanted:
+        # where the run lies is not what it is: a study moved as a whole is reused
+        if had is None or {**had, "out": ""} != {**wanted, "out": ""}:
             raise ParameterError("run directory", str(out), "holds a finished run of other "
                                  f"settings ({out / JOB}); move it away to retrain")
         return str(out)
@@ -162,7 +163,7 @@ class WorkersStudyRunner:
             if not grew:
                 break
         record = self.sweep_record(tried, by_name)
-        atomic_write_json(self.stage / SWEEP, record)
+        atomic_write_json(self.stage / "sweep" / SWEEP, record)
         return record
 
     def scores(self, w: int, run: ScapeRun, lr: float) -> tuple[float, float]:
