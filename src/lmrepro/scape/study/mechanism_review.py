@@ -63,6 +63,7 @@ def section(published: str | Path, earlier: str | Path | None = None) -> str:
                      f"{_pct(r.get('baseline_gap_to_adams'))} | "
                      f"{_pct(r.get('gap_closed'), signed=False)} |")
     lines += ["", *[f"* {x}" for x in describe(contrasts)], ""]
+    lines += per_seed_lines(contrasts, point)
     if len(diag):
         lines += ["Where the steps land (second half of each run, means over seeds):", "",
                   "| run | coordinates in the mask at least once per 100 steps | share of the "
@@ -88,6 +89,26 @@ def section(published: str | Path, earlier: str | Path | None = None) -> str:
     if earlier is not None:
         lines += rerun_table(published, earlier)
     return "\n".join([*lines, END])
+
+
+def per_seed_lines(contrasts: pd.DataFrame, point: pd.DataFrame) -> list[str]:
+    """For each contrast whose interval spans zero, its gap seed by seed (test split), so that
+    a mean pulled by one seed is seen as such (how many seeds favour each side)."""
+    if not len(contrasts) or not len(point):
+        return []
+    bpb = point.set_index(["run", "seed"])["test_bpb"]
+    out: list[str] = []
+    for r in contrasts.to_dict("records"):
+        if r["direction"] != "no difference detected":
+            continue
+        seeds = sorted(s for s in point.seed.unique()
+                       if (r["candidate"], s) in bpb.index and (r["baseline"], s) in bpb.index)
+        gaps = {s: bpb[(r["candidate"], s)] / bpb[(r["baseline"], s)] - 1 for s in seeds}
+        better = [s for s in seeds if gaps[s] < 0]
+        out.append(f"* {r['candidate']} against {r['baseline']}, seed by seed: "
+                   + ", ".join(f"seed {s} {_pct(gaps[s])}" for s in seeds)
+                   + f" ({len(better)} of {len(seeds)} seeds favour {r['candidate']}).")
+    return [*out, ""] if out else []
 
 
 def rerun_table(published: str | Path, earlier: str | Path) -> list[str]:
