@@ -64,12 +64,14 @@ def test_each_key_becomes_its_sbatch_option(tmp_path):
 
 def test_failure_is_one_line_with_the_log_tail(tmp_path):
     spec = _spec(tmp_path, "seed0/adamw", job="7_1")
-    (tmp_path / "7_1_0_log.err").write_text("Traceback\n  boom\n\nLaunchError: status 1\n"
-                                            "slurmstepd: *** JOB 7 CANCELLED ***\n")
+    (tmp_path / "7_1_0_log.err").write_text("Traceback\nslurmstepd: *** JOB 7 CANCELLED ***\n"
+                                            "  boom\n\nLaunchError: status 1\nKilled\n")
     line = jobs.failure_line(spec, jobs.recorded_job(spec.run_dir))
     assert "\n" not in line
     assert line.startswith("seed0/adamw: SLURM job 7_1 ended without its results")
-    assert line.endswith("boom | LaunchError: status 1 | slurmstepd: *** JOB 7 CANCELLED ***")
+    # SLURM's verdict first, wherever it stands, then the last lines
+    assert line.endswith("log " + str(tmp_path) + ": slurmstepd: *** JOB 7 CANCELLED *** | "
+                         "boom | LaunchError: status 1 | Killed")
 
 
 def test_rendezvous_from_slurm_environment():

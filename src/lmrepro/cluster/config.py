@@ -40,8 +40,9 @@ class SlurmConfig(Section):
     sbatch: dict[str, str | int] = Field(default_factory=dict, description="further sbatch "
                                          "options, name: value without the dashes (e.g. "
                                          "constraint: h100)")
-    max_running: int = Field(default=0, ge=0, description="how many runs of a stage run at "
-                             "once (the job array's %N limit); 0: as many as SLURM allows")
+    max_running: int = Field(default=0, ge=0, description="how many jobs of one job array "
+                             "run at once (its %N limit; one array per shape of job); 0: as "
+                             "many as SLURM allows")
     poll_s: float = Field(default=10.0, gt=0.0, description="seconds between looks at the "
                           "queue while the stage waits for its jobs")
 

@@ -101,15 +101,20 @@ def recorded_job(run_dir: Path) -> dict[str, Any] | None:
 
 
 def log_tail(record: dict[str, Any], lines: int = 3) -> str:
-    """The last lines of a job's error log (submitit's ``<id>_0_log.err``), on one line."""
+    """The last lines of a job's error log (submitit's ``<id>_0_log.err``) on one line, SLURM's
+    own verdict on the job first when it gave one (``*** JOB 12 ON node CANCELLED AT ... ***``:
+    cancelled, time limit, preempted, node failure), wherever the job's processes' last words
+    put it."""
     folder = Path(record["folder"])
     for suffix in ("err", "out"):
         path = folder / f"{record['job_id']}_0_log.{suffix}"
         if path.exists():
             text = [ln.strip() for ln in path.read_text(errors="replace").splitlines()
                     if ln.strip()]
-            if text:
-                return " | ".join(text[-lines:])[-600:]
+            verdict = [ln for ln in text if "slurmstepd" in ln and "***" in ln][-1:]
+            shown = verdict + [ln for ln in text[-lines:] if ln not in verdict]
+            if shown:
+                return " | ".join(shown)[-600:]
     return f"(no log in {folder})"
 
 
