@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, ValidationError, create_model, model_validator
 
+from lmrepro.cluster.config import LauncherConfig
 from lmrepro.config import Section, config_error, field_error
 from lmrepro.data.spec import DataConfig
 from lmrepro.model import ModelConfig
@@ -46,8 +47,9 @@ class Params(Section):
     """The whole validated configuration of one profile: ``profile``, ``seeds``, ``data``,
     ``model``, then each wing's section (its own configuration class, its
     :attr:`lmrepro.pipeline.registry.Wing.section`: ``train``, ``scape``, ``rgc``), then
-    ``stats``. The class that validates is :func:`params_model` (a subclass of this one, composed
-    of the installed wings' sections); a wing's section reads as ``params.<key>``."""
+    ``stats`` and ``launcher``. The class that validates is :func:`params_model` (a subclass
+    of this one, composed of the installed wings' sections); a wing's section reads as
+    ``params.<key>``."""
 
     key: ClassVar[str] = ""
 
@@ -57,6 +59,7 @@ class Params(Section):
         data: DataConfig
         model: ModelConfig
         stats: StatsConfig
+        launcher: LauncherConfig
 
         def __getattr__(self, name: str) -> Any: ...
 
@@ -82,7 +85,8 @@ _MODELS: dict[tuple[registry.Section, ...], type[Params]] = {}
 
 def params_model() -> type[Params]:
     """The schema of a profile: :class:`Params` with its fields in the file's order, the
-    installed wings' sections between ``model`` and ``stats`` in the wings' order."""
+    installed wings' sections between ``model`` and ``stats`` in the wings' order, then
+    ``launcher`` (where the runs execute: :mod:`lmrepro.cluster.config`)."""
     sections = registry.sections()
     if sections not in _MODELS:
         fields: dict[str, Any] = {
@@ -95,6 +99,7 @@ def params_model() -> type[Params]:
         }
         fields |= {s.key: (s.config_class(), ...) for s in sections}
         fields["stats"] = (StatsConfig, StatsConfig())
+        fields["launcher"] = (LauncherConfig, LauncherConfig())
         _MODELS[sections] = create_model("Params", __base__=Params, __module__=__name__,
                                          **fields)
     return _MODELS[sections]

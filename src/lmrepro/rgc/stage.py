@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmrepro.cluster.config import LauncherConfig
 from lmrepro.data.prepare import load_split
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.runlock import holds_writer_lock
@@ -53,10 +54,12 @@ def run_executors(train_data: np.ndarray, val_data: np.ndarray, corpus: str,
 
 @holds_writer_lock("stage_dir")
 def run_suite(suite: RGCSuite, seeds: Sequence[int], prepared_dir: str | Path,
-              stage_dir: str | Path = "results/rgc") -> dict[str, Path]:
+              stage_dir: str | Path = "results/rgc", launcher: LauncherConfig | None = None
+              ) -> dict[str, Path]:
     """The ``rgc:`` section's executors on each of its corpora, once per seed into
     ``runs/<corpus>/seed<N>/<run>``, each run in a fresh process tree of its own
-    (:func:`run_executors`); DVC metrics and plots."""
+    (:func:`run_executors`); DVC metrics and plots. ``launcher`` slurm: every run a one-node
+    SLURM job (:mod:`lmrepro.cluster`) instead."""
     stage_dir = Path(stage_dir)
     splits = {c: load_splits(prepared_dir, c) for c in suite.corpora}
     tests = {c: load_split(Path(prepared_dir) / c, "test") for c in suite.corpora}
@@ -68,6 +71,10 @@ def run_suite(suite: RGCSuite, seeds: Sequence[int], prepared_dir: str | Path,
     prepare_runs_dir(stage_dir / "runs", {
         "rgc": suite.to_dict(),
         "data": {c: data_identity(prepared_dir, c) for c in suite.corpora}})
+    if launcher is not None and launcher.kind == "slurm":
+        jobs = _as_jobs(suite, seeds, Path(prepared_dir), stage_dir, launcher)
+        write_stage_products(stage_dir, jobs)
+        return jobs
     out: dict[str, Path] = {}
     for corpus in suite.corpora:
         train_data, val_data = splits[corpus]
@@ -82,3 +89,18 @@ def run_suite(suite: RGCSuite, seeds: Sequence[int], prepared_dir: str | Path,
                         for e in suite.executors})
     write_stage_products(stage_dir, out)
     return out
+
+
+def _as_jobs(suite: RGCSuite, seeds: Sequence[int], prepared_dir: Path, stage_dir: Path,
+             launcher: LauncherConfig) -> dict[str, Path]:
+    """Every (corpus, seed, executor) of the suite one SLURM job."""
+    from lmrepro.cluster.jobs import run_jobs
+    from lmrepro.rgc.executors.slurm_job import rgc_job
+
+    specs = [rgc_job(run_label(corpus, seed, RUN_NAMES[e]), suite.config, e,
+                     prepared_dir / corpus, corpus,
+                     run_path(stage_dir / "runs" / corpus, seed, RUN_NAMES[e]), RUN_NAMES[e],
+                     seed)
+             for corpus in suite.corpora for seed in seeds for e in suite.executors]
+    run_jobs(specs, launcher.slurm, stage_dir / "slurm", what="RGC suite")
+    return {s.name: s.run_dir for s in specs}

@@ -11,7 +11,7 @@ learning-rate sweep (:mod:`lmrepro.scape.train.sweep`), :class:`ScapeSuite` the 
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -44,6 +44,12 @@ class ScapeConfig(TrainingConfig):
                                   "authors'); false: AdamS's formula")
     exclude_1d_from_topk: bool = Field(default=True, description="SCAPE and top-k send 1-D "
                                        "tensors (norms, biases) whole every step")
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="fp32: every computation in float32; bf16: the forward "
+        "and backward passes under bfloat16 autocast, the master weights, optimizer state and "
+        "gradient all-reduce in float32 (the SCAPE authors' GPU runs)")
+    compile: bool = Field(default=False, description="torch.compile the training forward "
+                          "pass (evaluation stays eager; parameters are shared)")
     renamed: ClassVar[dict[str, str]] = {
         "density_start": "use sparsity_start = 1 - density_start",
         "density_warmup_steps": "use sparsity_warmup_steps (the same steps)"}
@@ -62,6 +68,16 @@ class ScapeConfig(TrainingConfig):
                                        "the run's sparsity")
 
 
+    def to_dict(self) -> dict[str, Any]:
+        """As :meth:`Section.to_dict`, without ``precision`` and ``compile`` at their defaults
+        (fp32, eager): the identities and records of the runs trained before they existed stay
+        the same, so those runs are kept."""
+        out = super().to_dict()
+        for name, default in NEWER_DEFAULTS.items():
+            if out.get(name) == default:
+                del out[name]
+        return out
+
     @model_validator(mode="after")
     def _eval_points(self) -> ScapeConfig:
         pts = self.eval_at
@@ -70,6 +86,9 @@ class ScapeConfig(TrainingConfig):
                               f"{self.steps - 1}] (below steps = {self.steps}), increasing")
         return self
 
+
+#: Settings added after runs were published, left out of records at these defaults
+NEWER_DEFAULTS: dict[str, Any] = {"precision": "fp32", "compile": False}
 
 #: Settings a resumed run may change (they do not change the numbers).
 RESUME_FREE = ("timeout_s", "threads", "device", "checkpoint_every")

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from lmrepro.cluster.config import LauncherConfig
 from lmrepro.data.batches import check_context
 from lmrepro.data.stage import data_identity, load_splits
 from lmrepro.model import ModelConfig
@@ -39,12 +40,16 @@ def suite_runs(suite: ScapeSuite, model: ModelConfig, prepared_dir: str | Path,
 
 @holds_writer_lock("stage_dir")
 def run_suite(suite: ScapeSuite, model: ModelConfig, seeds: Sequence[int],
-              prepared_dir: str | Path, stage_dir: str | Path = "results/scape"
-              ) -> dict[str, Path]:
+              prepared_dir: str | Path, stage_dir: str | Path = "results/scape",
+              launcher: LauncherConfig | None = None) -> dict[str, Path]:
     """Dense AdamW/AdamS, SCAPE, its ablation and top-k runs of ``suite`` with the same data,
     steps, clipping, weight-decay groups and schedule, each at its learning rate, once per seed
     into ``runs/<corpus>/seed<N>/<run>`` (finished runs are skipped); ``model`` unless the
-    section overrides it. Writes the DVC metrics and plots."""
+    section overrides it. Writes the DVC metrics and plots. ``launcher``: where the runs
+    execute (:mod:`lmrepro.cluster`; default local, one after another; slurm: every run one
+    job, ``launcher.slurm.nodes`` nodes of ``world_size`` workers each)."""
+    launcher = launcher or LauncherConfig()
+    nodes = launcher.slurm.nodes if launcher.kind == "slurm" else 1
     stage_dir = Path(stage_dir)
     model = suite.model or model
     train, val = load_splits(prepared_dir, suite.corpus)   # every check before any move
@@ -53,11 +58,18 @@ def run_suite(suite: ScapeSuite, model: ModelConfig, seeds: Sequence[int],
     section = {k: v for k, v in suite.to_dict().items() if k not in ("sweep", "scaling")}
     section["runs"] = [r.to_dict() for r in runs]
     # seeds are not part of the identity: adding one keeps the other seeds' finished runs
-    prepare_runs_dir(stage_dir / "runs", {"model": model.to_dict(), "scape": section,
-                                          "data": data_identity(prepared_dir, suite.corpus)})
+    identity = {"model": model.to_dict(), "scape": section,
+                "data": data_identity(prepared_dir, suite.corpus)}
+    if nodes > 1:       # world_size workers on each node: another run than one node's
+        identity["nodes"] = nodes
+    prepare_runs_dir(stage_dir / "runs", identity)
     log.info("SCAPE suite: %d runs x %d workers x seeds %s on %s -> %s (lrs %s)", len(runs),
              suite.world_size, list(seeds), suite.corpus, stage_dir / "runs",
              {r.run_name: r.lr_or(suite.lr) for r in runs})
+    if launcher.kind == "slurm":
+        jobs = _as_jobs(suite, model, runs, seeds, Path(prepared_dir), stage_dir, launcher)
+        write_stage_products(stage_dir, jobs)
+        return jobs
     out: dict[str, Path] = {}
     for seed in seeds:
         dirs = run_scape_suite(Path(prepared_dir) / suite.corpus,
@@ -67,3 +79,19 @@ def run_suite(suite: ScapeSuite, model: ModelConfig, seeds: Sequence[int],
         out.update({run_label(suite.corpus, seed, d.name): d for d in dirs})
     write_stage_products(stage_dir, out)
     return out
+
+
+def _as_jobs(suite: ScapeSuite, model: ModelConfig, runs: Sequence[ScapeRun],
+             seeds: Sequence[int], prepared_dir: Path, stage_dir: Path,
+             launcher: LauncherConfig) -> dict[str, Path]:
+    """Every (seed, run) of the suite one SLURM job (:func:`lmrepro.cluster.jobs.run_jobs`)."""
+    from lmrepro.cluster.jobs import run_jobs
+    from lmrepro.scape.train.jobs import scape_job
+
+    root = stage_dir / "runs" / suite.corpus
+    specs = [scape_job(run_label(suite.corpus, seed, r.run_name), prepared_dir / suite.corpus,
+                       root / seed_dir(seed) / r.run_name, suite.world_size, suite.settings,
+                       r, model, seed, suite.corpus, launcher.slurm.nodes)
+             for seed in seeds for r in runs]
+    run_jobs(specs, launcher.slurm, stage_dir / "slurm", what="SCAPE suite")
+    return {s.name: s.run_dir for s in specs}

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from lmrepro.errors import check
@@ -58,24 +59,46 @@ def torchrun_command(nproc: int, worker_args: Sequence[str], *, nnodes: int = 1,
     return cmd
 
 
+@dataclass(frozen=True)
+class Nodes:
+    """Where this torchrun agent sits in a multi-node run: ``count`` nodes (agents), this one
+    ``rank``, all meeting at the c10d rendezvous ``endpoint`` (``HOST:PORT``). The default,
+    one node, is torchrun's ``--standalone``."""
+
+    count: int = 1
+    rank: int = 0
+    endpoint: str | None = None
+
+
+def launch_log(out_dir: str | os.PathLike, node_rank: int = 0) -> Path:
+    """The torchrun log of node ``node_rank`` of a run (node 0's is ``launch.log``)."""
+    return Path(out_dir) / ("launch.log" if node_rank == 0 else f"launch-node{node_rank}.log")
+
+
 def launch_train_scape(corpus_dir: str | os.PathLike, out_dir: str | os.PathLike,
                        world_size: int, cfg: ScapeConfig, run: ScapeRun, model: ModelConfig,
                        *, seed: int = 0, corpus: str = "", timeout_s: float | None = None,
-                       env: Mapping[str, str] | None = None, check_exit: bool = True) -> Path:
-    """Run one ``train-scape`` job under torchrun with ``world_size`` workers on this node.
+                       env: Mapping[str, str] | None = None, check_exit: bool = True,
+                       nodes: Nodes = Nodes()) -> Path:
+    """Run one ``train-scape`` job under torchrun with ``world_size`` workers on this node
+    (``nodes``: this agent's place in a multi-node run, every node starting ``world_size``
+    workers; all agents pass the same ``out_dir``, which global rank 0 writes).
 
-    Output of all ranks goes to ``out_dir/launch.log``. On a non-zero exit raises
-    :class:`LaunchError` with the log's tail (unless ``check_exit`` is False); on ``timeout_s``
-    the whole process group is killed. Returns ``out_dir``.
+    Output of this node's ranks goes to ``out_dir/launch.log`` (node 0; ``launch-node<r>.log``
+    for the others). On a non-zero exit raises :class:`LaunchError` with the log's tail (unless
+    ``check_exit`` is False); on ``timeout_s`` the whole process group is killed. Returns
+    ``out_dir``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cmd = torchrun_command(world_size, worker_argv(cfg, run, model, str(corpus_dir), str(out),
-                                                   seed, corpus))
+                                                   seed, corpus),
+                           nnodes=nodes.count, node_rank=nodes.rank,
+                           rdzv_endpoint=nodes.endpoint)
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
-    log_path = out / "launch.log"
+    log_path = launch_log(out, nodes.rank)
     with open(log_path, "ab") as log:
         log.write(("\n$ " + " ".join(cmd) + "\n").encode())
         log.flush()
@@ -91,7 +114,8 @@ def launch_train_scape(corpus_dir: str | os.PathLike, out_dir: str | os.PathLike
             raise
     if rc != 0 and check_exit:
         tail = log_path.read_text(errors="replace")[-4000:]
-        raise LaunchError(f"train-scape ({run.run_name}, world {world_size}) exited "
+        raise LaunchError(f"train-scape ({run.run_name}, {world_size} workers x {nodes.count} "
+                          f"node(s), node {nodes.rank}) exited "
                           f"with status {rc}; see {log_path}. Last output:\n{tail}")
     return out
 

@@ -23,6 +23,7 @@ suite or sweep goes on.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -240,11 +241,29 @@ def _train(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarget
     return out
 
 
+def training_forward(cfg: ScapeConfig, model: torch.nn.Module) -> torch.nn.Module:
+    """The module the training steps call: ``torch.compile(model)`` with ``compile`` (the
+    parameters stay ``model``'s, so checkpoints and evaluation read them as ever), else
+    ``model``."""
+    return torch.compile(model) if cfg.compile else model  # type: ignore[return-value]
+
+
+def autocast(cfg: ScapeConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """The forward pass's precision: bf16 autocast with ``precision: bf16`` (matrix products
+    in bfloat16 on fp32 weights; the gradients land in the fp32 parameters, so the optimizer
+    state and the gradient all-reduce stay fp32), else nothing."""
+    if cfg.precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def _step_fn(cfg: ScapeConfig, mcfg: ModelConfig, ctx: DistContext, model: torch.nn.Module,
              opt: Any, gen: torch.Generator, train_data: np.ndarray) -> StepFn:
-    """This rank's step: its batch, forward, backward, then the optimizer's step, which
-    communicates the gradient; the loss averaged over ranks. A non-finite loss or gradient is
-    the same on every rank (all-reduced): :class:`Diverged` everywhere, nothing updated."""
+    """This rank's step: its batch, forward (in the run's precision), backward, then the
+    optimizer's step, which communicates the gradient; the loss averaged over ranks. A
+    non-finite loss or gradient is the same on every rank (all-reduced): :class:`Diverged`
+    everywhere, nothing updated."""
+    forward = training_forward(cfg, model)
 
     def step(i: int, lr: float) -> dict[str, Any]:
         fault_point(f"scape-step@{i}:rank{ctx.rank}")   # test hook: kill -9 of a worker
@@ -252,7 +271,9 @@ def _step_fn(cfg: ScapeConfig, mcfg: ModelConfig, ctx: DistContext, model: torch
             g["lr"] = lr
         x, y = sample_batch(train_data, cfg.batch_size, mcfg.context, gen)
         x, y = x.to(ctx.device), y.to(ctx.device)
-        loss = lm_loss(model(x), y)
+        with autocast(cfg, ctx.device):
+            logits = forward(x)
+        loss = lm_loss(logits.float(), y)     # the loss in fp32 (a no-op on fp32 logits)
         if fault_armed(f"scape-nan-loss@{i}:rank{ctx.rank}"):
             loss = loss * float("nan")                  # test hook: a diverging rank
         opt.zero_grad(set_to_none=True)
