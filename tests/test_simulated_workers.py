@@ -312,3 +312,10 @@ def test_tiny_study_end_to_end_and_its_bundle(corpus, tmp_path):
     runs.to_csv(pub / ANALYSIS / "runs.csv", index=False)
     with pytest.raises(Exception, match="published summary"):
         bundle_tables(pub, 0.95)
+
+
+def test_simulated_refuses_bf16(corpus, tmp_path):
+    from lmrepro.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="fp32"):
+        _simulated(corpus, tmp_path / "b", "adams", 0.0, 2, precision="bf16")

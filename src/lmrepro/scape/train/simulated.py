@@ -37,6 +37,7 @@ import torch
 
 from lmrepro.data.batches import sample_batch
 from lmrepro.distributed import DistContext
+from lmrepro.errors import ParameterError
 from lmrepro.harness import Cadence, Diverged, Place, Run, Schedule, StepFn
 from lmrepro.memory import MemorySampler
 from lmrepro.model import ByteTransformer, ModelConfig, lm_loss
@@ -197,6 +198,10 @@ def train_simulated(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: 
                     workers: int, probe_every: int = 10) -> Path:
     """Run (or resume, or skip if finished) one run with ``workers`` simulated workers."""
     check_prepared(target.corpus_dir)
+    if cfg.precision != "fp32" or cfg.compile:
+        raise ParameterError("precision / compile", f"{cfg.precision} / {cfg.compile}",
+                             "simulated workers compute in eager fp32 only (a CPU study "
+                             "engine); use the torchrun trainer for bf16 or compile")
     torch.set_num_threads(cfg.threads)
     out = Path(target.out)
     ctx = DistContext(rank=0, world_size=workers, local_rank=0, device=torch.device("cpu"),
