@@ -232,7 +232,7 @@ def test_claims_table_quick_profile(tmp_path: Path) -> None:
     runs = full_profile(tmp_path, with_enwik8=False)
     df = claims(runs).set_index("id")
     assert set(df.index) == {c.id for c in C.registry()}
-    assert len(C.registry()) == 17
+    assert len(C.registry()) == 19
     assert list(claims(runs).columns) == C.CLAIM_COLUMNS
     assert set(df.verdict) <= set(C.VERDICTS)
     assert df.loc["scape-90-adamw", "verdict"] == C.REPRODUCED
@@ -286,11 +286,19 @@ def test_claims_table_with_no_runs_of_a_paper(tmp_path: Path) -> None:
     # (docs/steptime.md): the step and wall-clock rows take the logs' measurements
     ours = ~df.kind.isin([C.PREDICTED, C.AUTHORS_LOGS])
     assert (df[ours].verdict == C.NOT_RUN).all()
-    assert (df.kind == C.PREDICTED).sum() == 1 and (df.kind == C.AUTHORS_LOGS).sum() == 2
+    assert (df.kind == C.PREDICTED).sum() == 1 and (df.kind == C.AUTHORS_LOGS).sum() == 4
     logs = df[df.kind == C.AUTHORS_LOGS].set_index("id")
-    assert set(logs.verdict) <= {C.CONSISTENT_WITH_LOGS, C.INCONCLUSIVE, C.NOT_REPRODUCED}
-    assert "measured in the authors' logs" in logs.loc["scape-step-speedup-authors-logs",
-                                                       "measured"]
+    # what the logs measure (10 % sent) is judged on that measurement; the paper's figures
+    # (1 % sent), which no log measures, take no verdict: the model's extrapolation beside them
+    measured = logs.loc[["scape-step-speedup-10pct-authors-logs",
+                         "scape-wallclock-10pct-authors-logs"]]
+    assert set(measured.verdict) <= {C.CONSISTENT_WITH_LOGS, C.INCONCLUSIVE, C.NOT_REPRODUCED}
+    assert "measured in the authors' logs" in measured.measured.iloc[0]
+    assert "between allocations" in measured.measured.iloc[0]
+    paper = logs.loc[["scape-step-speedup-authors-logs", "scape-wallclock-authors-logs"]]
+    assert (paper.verdict == C.NOT_MEASURED_IN_LOGS).all()
+    assert paper.measured.str.contains("extrapolation").all()
+    assert paper.measured.str.contains("out of sample").all()
 
 
 def test_analysis_stage_and_claims_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -333,13 +341,13 @@ def test_analysis_stage_and_claims_stage(tmp_path: Path, monkeypatch: pytest.Mon
         "2.5x per step (scape@99% p=4 vs adams p=4; step-time spread ±14%)")
     assert (table[table.paper.str.startswith("RGC")].verdict == C.NOT_RUN).all()
     assert read_json(out / "claims.json") == {
-        "claims": 17, "reproduced": int((table.verdict == C.REPRODUCED).sum()),
+        "claims": 19, "reproduced": int((table.verdict == C.REPRODUCED).sum()),
         "reproduced_in_direction_only": int((table.verdict == C.DIRECTION_ONLY).sum()),
         "consistent_with_the_authors_logs": int((table.verdict == C.CONSISTENT_WITH_LOGS).sum()),
         "not_reproduced": int((table.verdict == C.NOT_REPRODUCED).sum()),
         "inconclusive": int((table.verdict == C.INCONCLUSIVE).sum()),
         "not_testable_at_this_scale": int((table.verdict == C.NOT_TESTABLE).sum()),
-        "not_testable_here": 1, "not_run": 6}
+        "not_testable_here": 1, "not_measured_in_the_authors_logs": 2, "not_run": 6}
     assert (out / "forest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

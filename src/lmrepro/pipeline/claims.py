@@ -20,7 +20,9 @@ corpus's trigram floor: :func:`lmrepro.data.ngram.testable`); a claim with nothi
 this profile is ``not run``, one that no experiment here can test ``not testable here``. A row
 of kind :data:`AUTHORS_LOGS` takes its figure from the papers' authors' own logs, not from a run
 of ours: where it agrees with the claim its verdict says so, ``consistent with the authors'
-logs`` (never ``reproduced``: we did not run it).
+logs`` (never ``reproduced``: we did not run it); where no log measures the paper's figure
+(only a model fitted to them extrapolates to it) the verdict is ``not measured in the authors'
+logs``, the model's figure beside it labelled as its extrapolation with its validated error.
 
 Caveats travel with the verdict: the claim's declared caveat, and those its measure computes
 (one seed, too few seeds for the seed-level bound, oversubscribed runs, a timing difference inside
@@ -53,9 +55,10 @@ NOT_REPRODUCED = "not reproduced"
 INCONCLUSIVE = "inconclusive"
 NOT_TESTABLE = "not testable at this scale"
 NOT_TESTABLE_HERE = "not testable here"
+NOT_MEASURED_IN_LOGS = "not measured in the authors' logs"
 NOT_RUN = "not run"
 VERDICTS = (REPRODUCED, DIRECTION_ONLY, CONSISTENT_WITH_LOGS, NOT_REPRODUCED, INCONCLUSIVE,
-            NOT_TESTABLE, NOT_TESTABLE_HERE, NOT_RUN)
+            NOT_TESTABLE, NOT_TESTABLE_HERE, NOT_MEASURED_IN_LOGS, NOT_RUN)
 #: the measured column of a claim that this profile does not run
 NOT_RUN_TEXT = "not run in this profile"
 #: the ``kind`` of a row that a model predicts at the paper's scale instead of measuring ours
@@ -88,6 +91,8 @@ class Measured:
     testable: bool = True    # False: the models did not learn enough for a quality verdict
     direction_only: bool = False   # reproduced in direction, outside the rule's tolerance
     untestable_here: bool = False  # no experiment of this package can test the claim
+    #: an authors'-logs row whose figure no log measures (only a model extrapolates to it)
+    not_measured: bool = False
     lower: float | None = None     # a comparison's bounds on ``value`` (its verdict's level)
     upper: float | None = None
 
@@ -96,6 +101,8 @@ class Measured:
         """One of :data:`VERDICTS` but ``not run``."""
         if self.untestable_here:
             return NOT_TESTABLE_HERE
+        if self.not_measured:
+            return NOT_MEASURED_IN_LOGS
         if not self.testable:
             return NOT_TESTABLE
         if self.reproduced is None:

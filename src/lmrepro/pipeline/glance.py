@@ -19,16 +19,19 @@ VERDICT_MEANINGS = {
     "reproduced": "our figure agrees with the paper's within the tolerance its rule states",
     "reproduced in direction only": ("the same direction as the paper's figure, outside that "
                                      "tolerance"),
-    "consistent with the authors' logs": ("the authors' own logs measure the claim's direction, "
-                                          "and our model fitted to them puts the paper's "
-                                          "figure inside its interval"),
+    "consistent with the authors' logs": ("the authors' own logs measure the claim's direction "
+                                          "across their spread (between allocations)"),
     "not reproduced": "our figure contradicts the paper's",
     "inconclusive": ("the measurement cannot decide (e.g. a timing difference inside its "
                      "spread)"),
     "not testable at this scale": ("a quality verdict whose dense baseline did not end 10 % "
                                    "below the corpus's trigram floor: the models have not "
                                    "learned what the claim is about"),
-    "not testable here": "no experiment of this package can test the claim",
+    "not testable here": ("no experiment of this package can test the claim, or this "
+                          "profile lacks what its test needs (the note says which)"),
+    "not measured in the authors' logs": ("no log of the authors measures the paper's figure; "
+                                          "only our model fitted to the logs extrapolates to "
+                                          "it (its figure and validated error in the note)"),
     "not run": "this profile does not run what would measure it",
 }
 #: how the claims table joins a row's caveats (:data:`lmrepro.pipeline.claims.CAVEAT_SEPARATOR`)
