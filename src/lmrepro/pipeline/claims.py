@@ -50,6 +50,9 @@ from lmrepro.pipeline.timing_history import HISTORY_FILE, pool_records, read_his
 
 REPRODUCED = "reproduced"
 DIRECTION_ONLY = "reproduced in direction only"
+#: a figure with an interval, in the paper's direction, whose interval misses the paper's figure
+LARGER = "same direction, larger than the paper's"
+SMALLER = "same direction, smaller than the paper's"
 CONSISTENT_WITH_LOGS = "consistent with the authors' logs"
 NOT_REPRODUCED = "not reproduced"
 INCONCLUSIVE = "inconclusive"
@@ -57,8 +60,11 @@ NOT_TESTABLE = "not testable at this scale"
 NOT_TESTABLE_HERE = "not testable here"
 NOT_MEASURED_IN_LOGS = "not measured in the authors' logs"
 NOT_RUN = "not run"
-VERDICTS = (REPRODUCED, DIRECTION_ONLY, CONSISTENT_WITH_LOGS, NOT_REPRODUCED, INCONCLUSIVE,
-            NOT_TESTABLE, NOT_TESTABLE_HERE, NOT_MEASURED_IN_LOGS, NOT_RUN)
+VERDICTS = (REPRODUCED, DIRECTION_ONLY, LARGER, SMALLER, CONSISTENT_WITH_LOGS, NOT_REPRODUCED,
+            INCONCLUSIVE, NOT_TESTABLE, NOT_TESTABLE_HERE, NOT_MEASURED_IN_LOGS, NOT_RUN)
+#: a timing verdict needs runs of at least this many steps a side (a few steps time the
+#: start-up, not the method)
+MIN_TIMED_STEPS = 50
 #: the measured column of a claim that this profile does not run
 NOT_RUN_TEXT = "not run in this profile"
 #: the ``kind`` of a row that a model predicts at the paper's scale instead of measuring ours
@@ -90,6 +96,9 @@ class Measured:
     kind: str = "measured"   # or PREDICTED, AUTHORS_LOGS: not a run of ours
     testable: bool = True    # False: the models did not learn enough for a quality verdict
     direction_only: bool = False   # reproduced in direction, outside the rule's tolerance
+    #: with ``direction_only``, a figure with an interval: True where the interval lies above
+    #: the paper's figure, False below (None: no interval, plain "direction only")
+    larger: bool | None = None
     untestable_here: bool = False  # no experiment of this package can test the claim
     #: an authors'-logs row whose figure no log measures (only a model extrapolates to it)
     not_measured: bool = False
@@ -110,7 +119,9 @@ class Measured:
         if self.reproduced:
             if self.kind == AUTHORS_LOGS:
                 return CONSISTENT_WITH_LOGS
-            return DIRECTION_ONLY if self.direction_only else REPRODUCED
+            if not self.direction_only:
+                return REPRODUCED
+            return DIRECTION_ONLY if self.larger is None else LARGER if self.larger else SMALLER
         return NOT_REPRODUCED
 
 
@@ -167,6 +178,36 @@ class Tolerance:
         how = (f"within {self.relative * 100:.3g} % of {self.fmt(self.paper)}" if self.low is None
                else f"around {self.fmt(self.paper)}")
         return f"{how}: {self.fmt(low)} to {self.fmt(high)}"
+
+
+def interval_label(value: float, lower: float | None, upper: float | None,
+                   tolerance: Tolerance) -> tuple[bool | None, bool, bool | None]:
+    """``(reproduced, direction_only, larger)`` of a quality figure with its interval
+    ``[lower, upper]``: *reproduced* iff the interval holds the paper's figure (our figure is
+    then consistent with the paper's, not merely inside a band around it); else, on the
+    paper's side of the reference, *larger* (the interval above the paper's figure) or
+    *smaller* (below it); else not reproduced. Without an interval: :func:`label`."""
+    if lower is None or upper is None or not math.isfinite(value):
+        ok, direction = label(value, tolerance)
+        return ok, direction, None
+    paper = tolerance.paper
+    if lower <= paper <= upper:
+        return True, False, None
+    if tolerance.same_direction(value):
+        return True, True, lower > paper
+    return False, False, None
+
+
+def timing_untestable(r: ResourceRecord) -> str | None:
+    """Why a timing comparison cannot test a timing claim (None: it can): runs shorter than
+    :data:`MIN_TIMED_STEPS` steps, or no spread to judge the difference by."""
+    steps = min(r.candidate_steps, r.baseline_steps)
+    if steps < MIN_TIMED_STEPS:
+        return (f"runs of {steps} steps are too short to be timed (a timing verdict needs "
+                f"runs of at least {MIN_TIMED_STEPS} steps a side)")
+    if r.timing_basis == "steps" and r.relative_spread is None:
+        return "no step-time spread recorded (a timing verdict needs one)"
+    return None
 
 
 def label(value: float, tolerance: Tolerance, decided: bool = True

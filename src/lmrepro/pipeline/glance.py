@@ -16,9 +16,15 @@ from typing import Any
 
 #: what each verdict (:data:`lmrepro.pipeline.claims.VERDICTS`, in its order) means
 VERDICT_MEANINGS = {
-    "reproduced": "our figure agrees with the paper's within the tolerance its rule states",
+    "reproduced": ("our figure agrees with the paper's within the tolerance its rule states; "
+                   "a figure with an interval: the interval holds the paper's figure"),
     "reproduced in direction only": ("the same direction as the paper's figure, outside that "
                                      "tolerance"),
+    "same direction, larger than the paper's": ("our figure's interval lies above the paper's "
+                                                "figure, on its side of no effect (e.g. a "
+                                                "larger gap than the paper's)"),
+    "same direction, smaller than the paper's": ("our figure's interval lies below the paper's "
+                                                 "figure, on its side of no effect"),
     "consistent with the authors' logs": ("the authors' own logs measure the claim's direction "
                                           "across their spread (between allocations)"),
     "not reproduced": "our figure contradicts the paper's",
@@ -28,7 +34,8 @@ VERDICT_MEANINGS = {
                                    "below the corpus's trigram floor: the models have not "
                                    "learned what the claim is about"),
     "not testable here": ("no experiment of this package can test the claim, or this "
-                          "profile lacks what its test needs (the note says which)"),
+                          "profile lacks what its test needs, e.g. runs long enough to be "
+                          "timed (the note says which)"),
     "not measured in the authors' logs": ("no log of the authors measures the paper's figure; "
                                           "only our model fitted to the logs extrapolates to "
                                           "it (its figure and validated error in the note)"),
