@@ -45,7 +45,8 @@ from lmrepro.pipeline import registry as _registry
 from lmrepro.pipeline.comparisons import DEFAULT_STATS
 from lmrepro.pipeline.records import (AnalysisRecords, ComparisonRecord, PooledTiming,
                                       ResourceRecord, read_analysis)
-from lmrepro.pipeline.resources import timing_interval
+from lmrepro.pipeline.resources import (MIN_TIMED_STEPS, timing_interval,  # noqa: F401
+                                        timing_untestable)
 from lmrepro.pipeline.timing_history import HISTORY_FILE, pool_records, read_history
 
 REPRODUCED = "reproduced"
@@ -62,9 +63,6 @@ NOT_MEASURED_IN_LOGS = "not measured in the authors' logs"
 NOT_RUN = "not run"
 VERDICTS = (REPRODUCED, DIRECTION_ONLY, LARGER, SMALLER, CONSISTENT_WITH_LOGS, NOT_REPRODUCED,
             INCONCLUSIVE, NOT_TESTABLE, NOT_TESTABLE_HERE, NOT_MEASURED_IN_LOGS, NOT_RUN)
-#: a timing verdict needs runs of at least this many steps a side (a few steps time the
-#: start-up, not the method)
-MIN_TIMED_STEPS = 50
 #: the measured column of a claim that this profile does not run
 NOT_RUN_TEXT = "not run in this profile"
 #: the ``kind`` of a row that a model predicts at the paper's scale instead of measuring ours
@@ -196,18 +194,6 @@ def interval_label(value: float, lower: float | None, upper: float | None,
     if tolerance.same_direction(value):
         return True, True, lower > paper
     return False, False, None
-
-
-def timing_untestable(r: ResourceRecord) -> str | None:
-    """Why a timing comparison cannot test a timing claim (None: it can): runs shorter than
-    :data:`MIN_TIMED_STEPS` steps, or no spread to judge the difference by."""
-    steps = min(r.candidate_steps, r.baseline_steps)
-    if steps < MIN_TIMED_STEPS:
-        return (f"runs of {steps} steps are too short to be timed (a timing verdict needs "
-                f"runs of at least {MIN_TIMED_STEPS} steps a side)")
-    if r.timing_basis == "steps" and r.relative_spread is None:
-        return "no step-time spread recorded (a timing verdict needs one)"
-    return None
 
 
 def label(value: float, tolerance: Tolerance, decided: bool = True
