@@ -3,6 +3,7 @@ SCAPE authors' logs (tests/fixtures/authors_logs), and the committed table of th
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -139,3 +140,41 @@ def test_the_command_writes_the_table(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert pd.read_csv(out).iteration.tolist() == [2, 29, 4046, 54001, 54003, 54004, 4099, 4100,
                                                    4101]
+
+
+def _excerpt(d: Path, name: str, path: str, lines: list[str]) -> None:
+    (d / name).write_text(f"# lmrepro-excerpt repository=mz687/SCAPE_SC26 commit={'a' * 40} "
+                          f"path={path} total_chars=5000\n" + "\n".join(lines) + "\n")
+
+
+def test_merge_adds_logs_and_takes_a_jobs_settings_from_its_other_file(tmp_path: Path) -> None:
+    """A job whose header went to another file: the page of that file is named as such, its
+    settings apply, and the provenance names it; a log merged again replaces its rows, and a
+    log now read leaves ``not_read``."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    it = " iteration {:>8}/  100000 | elapsed time per iteration (ms): {} | lm loss: 2.1 | "
+    _excerpt(old, "a.out", "baseline/AdamS/x/a_1.out",
+             ["# page offset=0", "using world size: 4", it.format(5, 100.0)])
+    csv, prov = tmp_path / "t.csv", tmp_path / "t.json"
+    A.write_table(old, csv, prov, notes={"not_read": [
+        {"path": "baseline/AdamS/x/b_2.out", "why": "x"},
+        {"path": "baseline/AdamS/x/h_2.out", "why": "x"}]})
+    _excerpt(new, "b.out", "baseline/AdamS/x/b_2.out",
+             ["# page offset=10 path=baseline/AdamS/x/h_2.out commit=" + "b" * 40,
+              "GPTDatasetConfig(data_parallel_size=32)",
+              "Overwriting rerun_state_machine.current_iteration from -1 to 7...",
+              "# page offset=0", it.format(8, 300.0), it.format(9, 200.0)])
+    _excerpt(new, "a.out", "baseline/AdamS/x/a_1.out",
+             ["# page offset=0", "using world size: 4", it.format(5, 150.0)])
+    df = A.merge_table(new, csv, prov, [{"path": "gpt/c.out", "why": "not read"}])
+    b = df[df.path.str.endswith("b_2.out")]
+    assert list(b.world_size) == [32, 32] and list(b.start_iteration) == [7, 7]
+    assert list(df[df.path.str.endswith("a_1.out")].elapsed_ms) == [150.0]   # replaced
+    p = json.loads(prov.read_text())
+    assert p["rows"] == len(df) == 3
+    assert [e["path"] for e in p["not_read"]] == ["gpt/c.out"]
+    pages = {f["path"]: f["pages"] for f in p["files"]}
+    assert pages["baseline/AdamS/x/b_2.out"][0]["path"] == "baseline/AdamS/x/h_2.out"
+    with pytest.raises(ParameterError, match="^table"):
+        A.merge_table(new, tmp_path / "none.csv", prov)

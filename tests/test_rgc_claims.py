@@ -30,8 +30,9 @@ def run(name: str, role: str, threads: int, processes: int) -> RunRecord:
 
 def records(*, tps: tuple[float, float] = (1000.0, 1000.0),
             threads: tuple[int, int] = (2, 2), rss_gib: tuple[float, float] = (1.0, 1.0),
-            pss_gib: tuple[float, float] | None = None) -> AnalysisRecords:
-    """One async-RGC-vs-backprop resource record (candidate first in every pair)."""
+            pss_gib: tuple[float, float] | None = None, steps: int = 60) -> AnalysisRecords:
+    """One async-RGC-vs-backprop resource record (candidate first in every pair), of runs of
+    ``steps`` steps (by default long enough to be timed)."""
     c, b = run("rgc-async", ROLE_RGC_ASYNC, threads[0], 2), run("backprop", ROLE_BACKPROP,
                                                               threads[1], 1)
     pss = (None, None) if pss_gib is None else (pss_gib[0] * GIB, pss_gib[1] * GIB)
@@ -41,7 +42,7 @@ def records(*, tps: tuple[float, float] = (1000.0, 1000.0),
         baseline_configuration=b.configuration, candidate_runs=[c.name], baseline_runs=[b.name],
         setting=None, candidate_step_time_s=1.0, baseline_step_time_s=tps[0] / tps[1],
         candidate_step_time_spread_s=0.01, baseline_step_time_spread_s=0.01,
-        candidate_steps=10, baseline_steps=10, candidate_tokens_per_s=tps[0],
+        candidate_steps=steps, baseline_steps=steps, candidate_tokens_per_s=tps[0],
         baseline_tokens_per_s=tps[1], candidate_threads=threads[0], baseline_threads=threads[1],
         candidate_processes=2, baseline_processes=1, candidate_peak_rss_bytes=rss_gib[0] * GIB,
         baseline_peak_rss_bytes=rss_gib[1] * GIB, candidate_peak_pss_bytes=pss[0],

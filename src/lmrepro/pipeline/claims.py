@@ -20,7 +20,9 @@ corpus's trigram floor: :func:`lmrepro.data.ngram.testable`); a claim with nothi
 this profile is ``not run``, one that no experiment here can test ``not testable here``. A row
 of kind :data:`AUTHORS_LOGS` takes its figure from the papers' authors' own logs, not from a run
 of ours: where it agrees with the claim its verdict says so, ``consistent with the authors'
-logs`` (never ``reproduced``: we did not run it).
+logs`` (never ``reproduced``: we did not run it); where no log measures the paper's figure
+(only a model fitted to them extrapolates to it) the verdict is ``not measured in the authors'
+logs``, the model's figure beside it labelled as its extrapolation with its validated error.
 
 Caveats travel with the verdict: the claim's declared caveat, and those its measure computes
 (one seed, too few seeds for the seed-level bound, oversubscribed runs, a timing difference inside
@@ -43,19 +45,24 @@ from lmrepro.pipeline import registry as _registry
 from lmrepro.pipeline.comparisons import DEFAULT_STATS
 from lmrepro.pipeline.records import (AnalysisRecords, ComparisonRecord, PooledTiming,
                                       ResourceRecord, read_analysis)
-from lmrepro.pipeline.resources import timing_interval
+from lmrepro.pipeline.resources import (MIN_TIMED_STEPS, timing_interval,  # noqa: F401
+                                        timing_untestable)
 from lmrepro.pipeline.timing_history import HISTORY_FILE, pool_records, read_history
 
 REPRODUCED = "reproduced"
 DIRECTION_ONLY = "reproduced in direction only"
+#: a figure with an interval, in the paper's direction, whose interval misses the paper's figure
+LARGER = "same direction, larger than the paper's"
+SMALLER = "same direction, smaller than the paper's"
 CONSISTENT_WITH_LOGS = "consistent with the authors' logs"
 NOT_REPRODUCED = "not reproduced"
 INCONCLUSIVE = "inconclusive"
 NOT_TESTABLE = "not testable at this scale"
 NOT_TESTABLE_HERE = "not testable here"
+NOT_MEASURED_IN_LOGS = "not measured in the authors' logs"
 NOT_RUN = "not run"
-VERDICTS = (REPRODUCED, DIRECTION_ONLY, CONSISTENT_WITH_LOGS, NOT_REPRODUCED, INCONCLUSIVE,
-            NOT_TESTABLE, NOT_TESTABLE_HERE, NOT_RUN)
+VERDICTS = (REPRODUCED, DIRECTION_ONLY, LARGER, SMALLER, CONSISTENT_WITH_LOGS, NOT_REPRODUCED,
+            INCONCLUSIVE, NOT_TESTABLE, NOT_TESTABLE_HERE, NOT_MEASURED_IN_LOGS, NOT_RUN)
 #: the measured column of a claim that this profile does not run
 NOT_RUN_TEXT = "not run in this profile"
 #: the ``kind`` of a row that a model predicts at the paper's scale instead of measuring ours
@@ -87,7 +94,12 @@ class Measured:
     kind: str = "measured"   # or PREDICTED, AUTHORS_LOGS: not a run of ours
     testable: bool = True    # False: the models did not learn enough for a quality verdict
     direction_only: bool = False   # reproduced in direction, outside the rule's tolerance
+    #: with ``direction_only``, a figure with an interval: True where the interval lies above
+    #: the paper's figure, False below (None: no interval, plain "direction only")
+    larger: bool | None = None
     untestable_here: bool = False  # no experiment of this package can test the claim
+    #: an authors'-logs row whose figure no log measures (only a model extrapolates to it)
+    not_measured: bool = False
     lower: float | None = None     # a comparison's bounds on ``value`` (its verdict's level)
     upper: float | None = None
 
@@ -96,6 +108,8 @@ class Measured:
         """One of :data:`VERDICTS` but ``not run``."""
         if self.untestable_here:
             return NOT_TESTABLE_HERE
+        if self.not_measured:
+            return NOT_MEASURED_IN_LOGS
         if not self.testable:
             return NOT_TESTABLE
         if self.reproduced is None:
@@ -103,7 +117,9 @@ class Measured:
         if self.reproduced:
             if self.kind == AUTHORS_LOGS:
                 return CONSISTENT_WITH_LOGS
-            return DIRECTION_ONLY if self.direction_only else REPRODUCED
+            if not self.direction_only:
+                return REPRODUCED
+            return DIRECTION_ONLY if self.larger is None else LARGER if self.larger else SMALLER
         return NOT_REPRODUCED
 
 
@@ -160,6 +176,24 @@ class Tolerance:
         how = (f"within {self.relative * 100:.3g} % of {self.fmt(self.paper)}" if self.low is None
                else f"around {self.fmt(self.paper)}")
         return f"{how}: {self.fmt(low)} to {self.fmt(high)}"
+
+
+def interval_label(value: float, lower: float | None, upper: float | None,
+                   tolerance: Tolerance) -> tuple[bool | None, bool, bool | None]:
+    """``(reproduced, direction_only, larger)`` of a quality figure with its interval
+    ``[lower, upper]``: *reproduced* iff the interval holds the paper's figure (our figure is
+    then consistent with the paper's, not merely inside a band around it); else, on the
+    paper's side of the reference, *larger* (the interval above the paper's figure) or
+    *smaller* (below it); else not reproduced. Without an interval: :func:`label`."""
+    if lower is None or upper is None or not math.isfinite(value):
+        ok, direction = label(value, tolerance)
+        return ok, direction, None
+    paper = tolerance.paper
+    if lower <= paper <= upper:
+        return True, False, None
+    if tolerance.same_direction(value):
+        return True, True, lower > paper
+    return False, False, None
 
 
 def label(value: float, tolerance: Tolerance, decided: bool = True

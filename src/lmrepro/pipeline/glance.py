@@ -16,19 +16,29 @@ from typing import Any
 
 #: what each verdict (:data:`lmrepro.pipeline.claims.VERDICTS`, in its order) means
 VERDICT_MEANINGS = {
-    "reproduced": "our figure agrees with the paper's within the tolerance its rule states",
+    "reproduced": ("our figure agrees with the paper's within the tolerance its rule states; "
+                   "a figure with an interval: the interval holds the paper's figure"),
     "reproduced in direction only": ("the same direction as the paper's figure, outside that "
                                      "tolerance"),
-    "consistent with the authors' logs": ("the authors' own logs measure the claim's direction, "
-                                          "and our model fitted to them puts the paper's "
-                                          "figure inside its interval"),
+    "same direction, larger than the paper's": ("our figure's interval lies above the paper's "
+                                                "figure, on its side of no effect (e.g. a "
+                                                "larger gap than the paper's)"),
+    "same direction, smaller than the paper's": ("our figure's interval lies below the paper's "
+                                                 "figure, on its side of no effect"),
+    "consistent with the authors' logs": ("the authors' own logs measure the claim's direction "
+                                          "across their spread (between allocations)"),
     "not reproduced": "our figure contradicts the paper's",
     "inconclusive": ("the measurement cannot decide (e.g. a timing difference inside its "
                      "spread)"),
     "not testable at this scale": ("a quality verdict whose dense baseline did not end 10 % "
                                    "below the corpus's trigram floor: the models have not "
                                    "learned what the claim is about"),
-    "not testable here": "no experiment of this package can test the claim",
+    "not testable here": ("no experiment of this package can test the claim, or this "
+                          "profile lacks what its test needs, e.g. runs long enough to be "
+                          "timed (the note says which)"),
+    "not measured in the authors' logs": ("no log of the authors measures the paper's figure; "
+                                          "only our model fitted to the logs extrapolates to "
+                                          "it (its figure and validated error in the note)"),
     "not run": "this profile does not run what would measure it",
 }
 #: how the claims table joins a row's caveats (:data:`lmrepro.pipeline.claims.CAVEAT_SEPARATOR`)

@@ -63,6 +63,7 @@ font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:11.5p
 .jp-RenderedHTMLCommon .lmrepro-table table td.num{text-align:right;white-space:nowrap}
 .lmrepro-table td.verdict-reproduced{background:#e3f4e6}
 .lmrepro-table td.verdict-consistent-with-the-authors-logs{background:#e6eefb}
+.lmrepro-table td.verdict-not-measured-in-the-authors-logs{background:#f3f3f3}
 .lmrepro-table td.verdict-not-reproduced{background:#fbe4e4}
 .lmrepro-table td.verdict-inconclusive{background:#fff4d6}
 .jp-RenderedImage img{max-width:100%;height:auto}

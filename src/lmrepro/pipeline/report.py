@@ -148,6 +148,7 @@ th{background:#f5f5f5}
 td[class*="verdict-"]{min-width:7.5em}
 td.verdict-reproduced{background:#e3f4e6;font-weight:600}
 td.verdict-consistent-with-the-authors-logs{background:#e6eefb;font-weight:600}
+td.verdict-not-measured-in-the-authors-logs{background:#f3f3f3}
 td.verdict-not-reproduced{background:#fbe4e4;font-weight:600}
 td.verdict-inconclusive{background:#fff4d6;font-weight:600}
 td.verdict-reproduced-in-direction-only{background:#eef6e0;font-weight:600}

@@ -367,3 +367,20 @@ def resources_table(records: Sequence[ResourceRecord]) -> pd.DataFrame:
              "caveats": "; ".join(r.caveats)}
             for r in records]
     return pd.DataFrame(rows, columns=columns)
+
+
+#: a timing verdict needs runs of at least this many steps a side (a few steps time the
+#: start-up, not the method)
+MIN_TIMED_STEPS = 50
+
+
+def timing_untestable(r: ResourceRecord) -> str | None:
+    """Why a timing comparison cannot test a timing claim (None: it can): runs shorter than
+    :data:`MIN_TIMED_STEPS` steps, or no spread to judge the difference by."""
+    steps = min(r.candidate_steps, r.baseline_steps)
+    if steps < MIN_TIMED_STEPS:
+        return (f"runs of {steps} steps are too short to be timed (a timing verdict needs "
+                f"runs of at least {MIN_TIMED_STEPS} steps a side)")
+    if r.timing_basis == "steps" and r.relative_spread is None:
+        return "no step-time spread recorded (a timing verdict needs one)"
+    return None

@@ -138,5 +138,12 @@ PRESETS: dict[str, list[str]] = {
                     "measured_q1_s", "measured_q3_s", "predicted_s", "predicted_low_s",
                     "predicted_high_s", "rel_error"],
     "authors_paper": ["claim", "model", "sparsity", "paper", "inputs", "inter_node_gbit",
-                      "value_per_parameter", "value_per_step", "low", "high", "paper_inside"],
+                      "value_per_parameter", "value_per_step", "low", "high", "paper_inside",
+                      "validated_low", "validated_high"],
+    "authors_allocations": ["dense_run", "scape_run", "days_apart", "density", "dense_s",
+                            "scape_s", "n_dense", "n_scape", "ratio", "low", "high"],
+    "authors_validation": ["world_size", "phase", "density", "n", "measured_s",
+                           "implied_overhead_s", "dense_only_s", "dense_only_error",
+                           "loo_overhead_s", "loo_s", "loo_error", "measured_speedup",
+                           "loo_speedup"],
 }

@@ -236,3 +236,54 @@ def coverage(df: pd.DataFrame, provenance: dict[str, Any], page_chars: int = 160
                      "ends_before_target": bool(tail and last.method == "scape"
                                                 and last.phase != "target")})
     return pd.DataFrame(rows)
+
+
+def allocation_day(run: str) -> float:
+    """The day (UTC, days since 1970) of the job a run's log names: the authors' log names
+    end with a Unix time (``..._1774652822``); nan for a name without one."""
+    tail = str(run).rsplit("_", 1)[-1]
+    return float(int(tail) // 86400) if tail.isdigit() and len(tail) >= 9 else math.nan
+
+
+def allocation_speedups(df: pd.DataFrame, model: str, world: int) -> pd.DataFrame:
+    """Every pairing of a dense AdamS allocation (one log) with a SCAPE allocation at its
+    target density, ``model`` on ``world`` ranks: dense median / SCAPE median with the range
+    the two IQRs allow, and the days between the two jobs (0: the same day); same-day pairs
+    first, then by the days apart."""
+    st = _steady_phases(df)
+    st = st[(st.model == model) & (st.world_size == world)]
+    dense = st[st.method != "scape"]
+    scape = st[(st.method == "scape") & (st.phase == "target")]
+    rows = []
+    for drun, d in dense.groupby("run", sort=True):
+        b = summary(d.elapsed_ms / 1e3)
+        for srun, g in scape.groupby("run", sort=True):
+            s = summary(g.elapsed_ms / 1e3)
+            apart = abs(allocation_day(srun) - allocation_day(drun))
+            rows.append({"dense_run": drun, "scape_run": srun, "days_apart": apart,
+                         "density": float(g.density.median()), "dense_s": b["median_s"],
+                         "scape_s": s["median_s"], "n_dense": b["n"], "n_scape": s["n"],
+                         **ratio(b, s)})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    return out.sort_values(["days_apart", "dense_run", "scape_run"], na_position="last",
+                           kind="stable").reset_index(drop=True)
+
+
+def allocation_spread(pairs: pd.DataFrame) -> dict[str, float]:
+    """The spread between allocations of :func:`allocation_speedups`: the median, lowest and
+    highest ratio of medians over the pairings, their number, and the same-day pairings'
+    ratio (nan when none)."""
+    if pairs.empty:
+        return {"pairings": 0, "median": math.nan, "min": math.nan, "max": math.nan,
+                "same_day": math.nan, "same_day_min": math.nan, "same_day_max": math.nan,
+                "dense_allocations": 0, "scape_allocations": 0}
+    same = pairs[pairs.days_apart == 0]
+    return {"pairings": len(pairs), "median": float(pairs.ratio.median()),
+            "min": float(pairs.ratio.min()), "max": float(pairs.ratio.max()),
+            "same_day": float(same.ratio.median()) if len(same) else math.nan,
+            "same_day_min": float(same.ratio.min()) if len(same) else math.nan,
+            "same_day_max": float(same.ratio.max()) if len(same) else math.nan,
+            "dense_allocations": int(pairs.dense_run.nunique()),
+            "scape_allocations": int(pairs.scape_run.nunique())}

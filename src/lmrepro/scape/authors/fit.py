@@ -84,10 +84,11 @@ def fit_dense(steps: dict[int, float], w: Workload) -> tuple[float, float]:
     return float(1 / inv_mfu), float(1 / s_per_byte)
 
 
-def overhead(measured_s: float, density: float, mfu: float, bytes_per_s: float, w: Workload
-             ) -> float:
-    """A measured SCAPE step at ``density`` less the model's step without the overhead."""
-    c = Cluster(world=sp.PAPER_WORLD, inter=Link(ALPHA_S, bytes_per_s), mfu=mfu,
+def overhead(measured_s: float, density: float, mfu: float, bytes_per_s: float, w: Workload,
+             world: int = sp.PAPER_WORLD) -> float:
+    """A measured SCAPE step at ``density`` on ``world`` ranks less the model's step without
+    the overhead."""
+    c = Cluster(world=world, inter=Link(ALPHA_S, bytes_per_s), mfu=mfu,
                 peak_flops=PEAK_FLOPS, hbm_bytes_per_s=HBM)
     return measured_s - scape_step(w, c, Options(sparsity=1 - density),
                                    LocalWork.from_hbm(HBM))["step_s"]
@@ -232,3 +233,76 @@ def fit_summary(central: LogFit, corners: list[LogFit]) -> dict[str, Any]:
 def replace_rate(f: LogFit, gbit: float) -> LogFit:
     """``f`` with the network at ``gbit`` per node."""
     return replace(f, gbit=gbit)
+
+
+def scape_points(df: pd.DataFrame, model: str = sp.LLAMA_500M.name) -> pd.DataFrame:
+    """Every SCAPE step-time point of ``model`` in the logs outside the dense phase: per world
+    size, phase and warm-up band (as :func:`lmrepro.scape.authors.analysis.step_times` bands
+    them), the steady steps of every run pooled; its density, median and IQR."""
+    st = aa.step_times(df)
+    st = st[(st.model == model) & (st.method == "scape") & (st.phase != "dense phase")]
+    steady = aa.label_phases(aa.steady(df))
+    rows = []
+    for (world, phase, _band), g in st.groupby(["world_size", "phase", "band"], sort=True):
+        r = steady[steady.run.isin(g.run) & (steady.phase == phase)
+                   & (steady.world_size == world) & (steady.model == model)]
+        if phase == "warm-up":
+            r = r[(r.density - g.density.median()).abs() < 0.02]
+        rows.append({"world_size": int(world), "phase": phase, "density": float(r.density.median()),
+                     **aa.summary(r.elapsed_ms / 1e3)})
+    return pd.DataFrame(rows).sort_values(["world_size", "density"], ascending=[True, False],
+                                          ignore_index=True)
+
+
+def validation_frame(df: pd.DataFrame, model: sp.PaperModel = sp.LLAMA_500M) -> pd.DataFrame:
+    """The step-time model out of sample. MFU and rate are fitted to the dense steps (two
+    world sizes, two parameters: no dense point can be left out); then every SCAPE point is
+    predicted (a) from the dense fit alone (no overhead) and (b) with the overhead fitted to
+    every *other* SCAPE point (the median of their implied overheads: leave one out), its
+    relative error ``predicted / measured - 1`` printed for each."""
+    inputs = log_inputs(df, model.name)
+    dense = inputs["dense"]
+    check(len(dense) == 2, "dense logs", sorted(dense), "must cover two world sizes")
+    w = model.workload()
+    mfu, bps = fit_dense({p: dense[p]["median_s"] for p in dense}, w)
+    pts = scape_points(df, model.name)
+    implied = [overhead(r.median_s, r.density, mfu, bps, w, int(r.world_size))
+               for r in pts.itertuples()]
+    rows = []
+    for i, r in enumerate(pts.itertuples()):
+        others = [o for j, o in enumerate(implied) if j != i]
+        loo = float(np.median(others)) if others else math.nan
+
+        def step(over: float, r: Any = r) -> float:
+            f = LogFit(mfu, bps * 8 / 1e9, over, w.params)
+            return float(predict(w, f.cluster(world=int(r.world_size)),
+                                 Options(sparsity=1 - r.density), f.local())["scape_step_s"])
+
+        base = dense[int(r.world_size)]["median_s"] if int(r.world_size) in dense else math.nan
+        rows.append({"world_size": r.world_size, "phase": r.phase, "density": r.density,
+                     "n": r.n, "measured_s": r.median_s, "measured_q1_s": r.q1_s,
+                     "measured_q3_s": r.q3_s, "implied_overhead_s": implied[i],
+                     "dense_only_s": step(0.0), "dense_only_error": step(0.0) / r.median_s - 1,
+                     "loo_overhead_s": loo, "loo_s": step(loo),
+                     "loo_error": step(loo) / r.median_s - 1,
+                     "measured_speedup": base / r.median_s, "loo_speedup": base / step(loo)})
+    return pd.DataFrame(rows)
+
+
+def validated_error(v: pd.DataFrame) -> tuple[float, float]:
+    """The leave-one-out errors' range over the SCAPE points (lowest, highest)."""
+    return float(v.loo_error.min()), float(v.loo_error.max())
+
+
+def with_validated_error(paper: pd.DataFrame, error: tuple[float, float]) -> pd.DataFrame:
+    """:func:`paper_at`'s rows with the interval widened by the validated SCAPE-step error
+    ``(lo, hi)`` (``predicted / measured - 1``): a SCAPE step predicted ``e`` too long means
+    the true speedup is ``(1 + e)`` times the predicted one and the true SCAPE run ``1 / (1 +
+    e)`` as long, so the saving becomes ``1 - (1 - s) / (1 + e)``."""
+    lo, hi = error
+    out = paper.copy()
+    speed = out.claim == "per-step speedup"
+    out["validated_low"] = np.where(speed, out.low * (1 + lo), 1 - (1 - out.low) / (1 + lo))
+    out["validated_high"] = np.where(speed, out.high * (1 + hi), 1 - (1 - out.high) / (1 + hi))
+    out["validated_error_low"], out["validated_error_high"] = lo, hi
+    return out

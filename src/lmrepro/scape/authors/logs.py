@@ -16,7 +16,10 @@ The authors' public repository (``mz687/SCAPE_SC26``, ``slurm_scripts/vista/``) 
 A file may be an *excerpt* of a long log: ``# lmrepro-excerpt repository=... commit=...
 path=... total_chars=...`` names its source, and ``# page offset=N`` starts the lines read from
 the page at character offset N (``page_offset`` of the rows, so the provenance of every row is
-in the table). Where a header was not read, settings the run's file name states
+in the table); ``# page offset=N path=... commit=...`` is a page of another file of the same job
+(Megatron writes the settings from rank 0 and the iteration lines from the last rank, and some
+jobs' two streams landed in two files): its settings lines apply to the log, and the provenance
+names that file. Where a header was not read, settings the run's file name states
 (``d_0.1``, ``comp_start_step_2000``, ``d_warmup_steps_8000``, ``no_clip_grad``, the model size)
 fill in; nothing else is guessed. :func:`load_vista_table` reads the committed table of the
 authors' Vista logs (``data/authors_vista_logs.csv``, provenance beside it).
@@ -56,7 +59,7 @@ _DATA_PARALLEL = re.compile(r"\bdata_parallel_size=(\d+)")
 _CLIP = re.compile(r"\bclip_grad=([0-9.eE+-]+)")
 _MICROBATCHES = re.compile(r"number of microbatches to constant (\d+)")
 _EXCERPT = re.compile(r"^# lmrepro-excerpt\s+(.*)$")
-_PAGE = re.compile(r"^# page offset=(\d+)")
+_PAGE = re.compile(r"^# page offset=(\d+)(.*)$")
 #: the row fields of an iteration line: (label in the log, column)
 _FIELDS = (("elapsed time per iteration (ms)", "elapsed_ms"), ("lm loss", "lm_loss"),
            ("grad norm", "grad_norm"))
@@ -320,14 +323,17 @@ def excerpt_pages(path: str | Path) -> dict[str, Any]:
             if m := _EXCERPT.match(line):
                 meta = _key_values(m.group(1))
             elif m := _PAGE.match(line):
-                pages.append({"offset": int(m.group(1)), "its": []})
+                pages.append({"offset": int(m.group(1)), "its": [],
+                              **_key_values(m.group(2))})
             elif pages and (m := _ITERATION.search(line)):
                 pages[-1]["its"].append(int(m.group(1)))
     check("path" in meta, "excerpt", str(path), "must start with '# lmrepro-excerpt ... path=...'")
     return {**meta, "pages": [{"offset": pg["offset"],
                                "first_iteration": min(pg["its"]) if pg["its"] else None,
                                "last_iteration": max(pg["its"]) if pg["its"] else None,
-                               "iteration_lines": len(pg["its"])} for pg in pages]}
+                               "iteration_lines": len(pg["its"]),
+                               **{k: pg[k] for k in ("path", "commit") if k in pg}}
+                              for pg in pages]}
 
 
 def write_table(root: str | Path, out_csv: str | Path, provenance_json: str | Path | None = None,
@@ -346,6 +352,36 @@ def write_table(root: str | Path, out_csv: str | Path, provenance_json: str | Pa
     return df
 
 
+def merge_table(root: str | Path, csv: str | Path, provenance_json: str | Path,
+                not_read: list[dict[str, Any]] | None = None, pattern: str = "*.out"
+                ) -> pd.DataFrame:
+    """Add the excerpts under ``root`` to an existing table and its provenance: the rows and
+    provenance entries of a log read again are replaced, a log now read leaves ``not_read``,
+    and ``not_read`` (``path``, ``why``) entries are added or replace those of the same path."""
+    from lmrepro.io import atomic_write_json, atomic_write_text
+
+    check(Path(csv).is_file(), "table", str(csv), "must be an existing CSV to merge into")
+    check(Path(provenance_json).is_file(), "provenance", str(provenance_json),
+          "must be the existing table's provenance JSON")
+    new = extract_dir(root, pattern)
+    old = pd.read_csv(csv, dtype={"commit": str})
+    df = pd.concat([old[~old.path.isin(set(new.path))], new], ignore_index=True)
+    df = df.sort_values(["path", "segment", "iteration"], kind="stable").reset_index(drop=True)
+    atomic_write_text(csv, df[COLUMNS].to_csv(index=False, float_format="%.7g"))
+    prov = json.loads(Path(provenance_json).read_text(encoding="utf-8"))
+    files = [excerpt_pages(f) for f in sorted(Path(root).rglob(pattern))
+             if _EXCERPT.match(f.read_text(encoding="utf-8").split("\n", 1)[0])]
+    read = {f["path"] for f in files} | {pg["path"] for f in files for pg in f["pages"]
+                                         if "path" in pg}
+    prov["files"] = [f for f in prov.get("files", []) if f["path"] not in read] + files
+    extra = {e["path"]: e for e in not_read or []}
+    prov["not_read"] = [e for e in prov.get("not_read", [])
+                        if e["path"] not in read and e["path"] not in extra] + list(extra.values())
+    prov["rows"] = len(df)
+    atomic_write_json(provenance_json, prov)
+    return df
+
+
 def load_vista_table() -> pd.DataFrame:
     """The committed table of the authors' Vista logs (found through the package)."""
     with resources.as_file(resources.files("lmrepro.scape") / "data" / DATA_FILE) as f:
@@ -359,7 +395,13 @@ def vista_provenance() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    df = write_table(args.logs, args.out, args.provenance)
+    if args.merge:
+        check(args.provenance is not None, "--provenance", None,
+              "must name the table's provenance JSON with --merge")
+        not_read = json.loads(Path(args.not_read).read_text("utf-8")) if args.not_read else None
+        df = merge_table(args.logs, args.out, args.provenance, not_read)
+    else:
+        df = write_table(args.logs, args.out, args.provenance)
     runs = df.groupby(["path", "segment"]).size()
     print(f"{args.out}: {len(df)} rows from {df.path.nunique()} logs ({len(runs)} segments)")
     return 0
@@ -372,4 +414,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("logs", help="directory of Megatron .out logs (or lmrepro excerpts)")
     p.add_argument("--out", required=True, help="CSV to write")
     p.add_argument("--provenance", default=None, help="JSON of the excerpt pages read")
+    p.add_argument("--merge", action="store_true",
+                   help="add the logs to the existing --out table and --provenance (a log read "
+                        "again replaces its rows)")
+    p.add_argument("--not-read", default=None,
+                   help="with --merge: JSON list of {path, why} for logs named but not read")
     p.set_defaults(func=run)

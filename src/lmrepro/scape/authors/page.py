@@ -14,6 +14,7 @@ from lmrepro.scape.authors.report import MODEL, WORLD, evidence, support_frame
 #: the files :func:`authors_stage` writes
 OUTPUTS = ("authors_step_times.csv", "authors_speedups.csv", "authors_loss.csv",
            "authors_coverage.csv", "authors_fit.csv", "authors_paper.csv", "authors_support.csv",
+           "authors_allocations.csv", "authors_validation.csv",
            "authors_logs.json", "authors_step_vs_density.png")
 
 
@@ -62,7 +63,7 @@ def display_tables(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     out = {}
     for name, df in tables.items():
         df = df.copy()
-        for col in ("run", "dense_run"):
+        for col in ("run", "dense_run", "scape_run"):
             if col in df:
                 df[col] = df[col].map(short_run)
         out[name] = df
@@ -84,7 +85,8 @@ def authors_stage(out_dir: str | Path = "results/steptime") -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     tables = {"step_times": ev["step_times"], "speedups": ev["speedups"], "loss": ev["loss"],
               "coverage": ev["coverage"], "fit": ev["held_out"], "paper": ev["paper"],
-              "support": support_frame(ev)}
+              "support": support_frame(ev), "allocations": ev["allocations"],
+              "validation": ev["validation"]}
     for name, df in tables.items():
         atomic_write_text(out / f"authors_{name}.csv", df.to_csv(index=False))
     fig = plot_step_vs_density(ev)
@@ -93,6 +95,8 @@ def authors_stage(out_dir: str | Path = "results/steptime") -> dict[str, Any]:
         "note": "measured in the SCAPE authors' own logs (src/lmrepro/scape/data), and the "
                 "step-time model fitted to them",
         "measured_speedup": ev["speedup"], "wall_from_logs": ev["wall_logs"],
+        "allocation_spread": ev["allocation_spread"],
+        "validated_error": list(ev["validated_error"]),
         "fit": {k: v for k, v in ev["fit_summary"].items()}, "needed_gbit": ev["needed"],
         "dense_step_s_by_world": ev["dense_scaling"], "paper": _records(ev["paper"])})
     return {"tables": tables, "figure": fig, "evidence": ev}
