@@ -384,31 +384,41 @@ def _host() -> str:
     return socket.gethostname().replace("-", "_") or "host"
 
 
-def sweep_scratch(tag: str, base: str | os.PathLike | None = None) -> list[Path]:
-    """Remove the scratch directories of ``tag`` whose process (on this host) is gone; returns
-    them. Another host's (a shared temporary directory) are left alone."""
+def stale_scratch(tag: str, base: str | os.PathLike | None = None) -> list[Path]:
+    """The scratch directories of ``tag`` under ``base`` whose process (on this host) is gone.
+    Another host's (a shared temporary directory) are not listed."""
     base = Path(base or tempfile.gettempdir())
     prefix = _scratch_prefix(tag)
-    removed = []
-    for d in base.glob(prefix + "*"):
+    stale = []
+    for d in sorted(base.glob(prefix + "*")):
         pid_text, _, rest = d.name[len(prefix):].partition("-")
         if (not pid_text.isdigit() or not rest.startswith(_host() + "-")
                 or int(pid_text) == os.getpid() or pid_alive(int(pid_text))):
             continue
+        stale.append(d)
+    return stale
+
+
+def sweep_scratch(tag: str, base: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the scratch directories of ``tag`` whose process (on this host) is gone; returns
+    them (:func:`stale_scratch`)."""
+    removed = stale_scratch(tag, base)
+    for d in removed:
         shutil.rmtree(d, ignore_errors=True)
-        removed.append(d)
     return removed
 
 
 @contextlib.contextmanager
-def scratch_dir(tag: str, base: str | os.PathLike | None = None) -> Iterator[Path]:
-    """A private temporary directory ``<base>/lmrepro-<tag>-<pid>-<host>-XXXX`` (base: the
-    system's temporary directory), removed on exit; those left by killed processes of this host
-    are removed first."""
+def scratch_dir(tag: str, base: str | os.PathLike | None = None,
+                suffix: str = "") -> Iterator[Path]:
+    """A private temporary directory ``<base>/lmrepro-<tag>-<pid>-<host>-XXXX<suffix>`` (base:
+    the system's temporary directory), removed on exit; those left by killed processes of this
+    host are removed first. Inside a repository, ``suffix=".tmp"`` keeps it out of git and DVC
+    (``.gitignore``, ``.dvcignore``: ``tests/test_faults.py`` checks every temporary name)."""
     base = Path(base or tempfile.gettempdir())
     sweep_scratch(tag, base)
     path = Path(tempfile.mkdtemp(prefix=f"{_scratch_prefix(tag)}{os.getpid()}-{_host()}-",
-                                 dir=base))
+                                 suffix=suffix, dir=base))
     try:
         yield path
     finally:
