@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import math
@@ -29,9 +30,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from lmrepro.lifetime import fault_point
+from lmrepro.lifetime import fault_point, owner_gone, owner_tag
 
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+#: the errors of a place that cannot be written (os_errors_as names the product instead)
+WRITE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class DiskFullError(OSError):
@@ -141,12 +144,44 @@ def full_disk_as(path: str | os.PathLike) -> Iterator[None]:
         raise DiskFullError(path, cause) from exc
 
 
+TMP_SUFFIX = ".tmp"     # every temporary name ends so: .gitignore and .dvcignore hold *.tmp
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary siblings of ``path`` (``.<name>.<pid>-<host>-<hex>.tmp``) whose
+    writer was killed: the next write of a product clears what a killed one left."""
+    prefix = f".{path.name}."
+    stale = [p for p in path.parent.glob(f"{glob.escape(prefix)}*{TMP_SUFFIX}")
+             if owner_gone(p.name[len(prefix):-len(TMP_SUFFIX)])]
+    for p in stale:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    return stale
+
+
+@contextlib.contextmanager
+def os_errors_as(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise an OSError below (a full disk, a read-only file system, permission denied) as
+    one naming ``path``: the product being written, not the temporary that held it."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as err:
+        if err.errno in FULL_DISK_ERRNOS:
+            raise DiskFullError(path, err) from err
+        if err.errno not in WRITE_ERRNOS:
+            raise               # a missing input names itself
+        raise OSError(err.errno, err.strerror, str(path)) from err
+
+
 def _create_private_sibling(path: Path) -> tuple[int, Path]:
     """A new temporary file next to ``path``, created with mode ``0o666`` so that the kernel
     applies the process's umask (``mkstemp`` would make it ``0600``)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    remove_stale_temporaries(path)
     while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        tmp = path.with_name(f".{path.name}.{owner_tag()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
         try:
             return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:

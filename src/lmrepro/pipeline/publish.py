@@ -34,7 +34,7 @@ from typing import Any
 from lmrepro.errors import ParameterError, check
 from lmrepro.io import (
     atomic_write_json,
-    full_disk_as,
+    os_errors_as,
     read_json,
     replace_dir,
     restore_previous_dir,
@@ -111,6 +111,8 @@ def publish(root: str | os.PathLike = ".", dest: str | os.PathLike | None = None
         raise ParameterError("published file", large[0][0],
                              f"must be at most {MAX_FILE_BYTES >> 20} MiB to publish "
                              f"({large[0][1]} bytes): only small products are published")
+    from lmrepro.pipeline import pages
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     # a publish killed between its two renames (where the system cannot swap folders in one
     # step) left the previous copy in its scratch folder: put back before that is swept
@@ -119,17 +121,15 @@ def publish(root: str | os.PathLike = ".", dest: str | os.PathLike | None = None
     # the new copy is built in a scratch folder beside the destination (one rename away, on
     # the same file system), named so git and DVC ignore it and removed by the next publish
     # when this one is killed
-    with scratch_dir(SCRATCH_TAG, dest.parent, suffix=".tmp") as scratch:
+    with os_errors_as(dest), scratch_dir(SCRATCH_TAG, dest.parent, suffix=".tmp") as scratch:
         tmp = scratch / dest.name
-        with full_disk_as(dest):
-            _write_copy(root, tmp, files, profile, dest)
+        _write_copy(root, tmp, files, profile, dest)
+        pages.write_page(tmp)           # in the copy: a publication is never without its page
         replace_dir(tmp, dest)          # the previous copy, now in scratch, goes with it
         fault_point("publish-replaced")
-    from lmrepro.pipeline import pages
     from lmrepro.pipeline.timing_history import HISTORY_NAME, record_profile
 
     record_profile(dest, dest.parent / HISTORY_NAME)
-    pages.write_page(dest)
     if readme is not None:
         readme_path = Path(readme) if Path(readme).is_absolute() else root / readme
         pages.update_verdicts(readme_path, dest.parent)
