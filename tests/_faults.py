@@ -131,7 +131,7 @@ def git_visible(proj: Path) -> set[str]:
     return {line[3:].strip('"') for line in out.splitlines()}
 
 
-TEMPORARY_SUFFIXES = (".tmp", ".copying")
+TEMPORARY_SUFFIXES = (".tmp",)
 
 
 def temporary(rel: str) -> bool:

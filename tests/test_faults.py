@@ -9,6 +9,7 @@ completes and equals an undisturbed run). Also: every temporary name the code wr
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,102 @@ def test_the_fault_matrix_in_the_docs_is_the_one_measured() -> None:
                if o.startswith("not run")]
     assert not not_run, f"cells not run here: {not_run}"
     write_marked(DOC, BEGIN, END, BEGIN + "\n" + matrix_table(MATRIX) + END)
+
+
+# ------------------------------------------------------------------------------------------------
+# every temporary name the code writes is ignored by git and DVC
+# ------------------------------------------------------------------------------------------------
+
+#: every place the package makes a temporary name, as the source says it: (module, the text
+#: found there). A new one fails the test below until it is listed and its names checked.
+TEMPORARY_MAKERS = {
+    ("lmrepro/io.py", "TMP_SUFFIX"),                      # atomic writes, in the repository
+    ("lmrepro/lifetime.py", "mkdtemp("),                  # scratch_dir, the one maker
+    ("lmrepro/pipeline/publish.py", "scratch_dir("),      # beside published/<profile>
+    ("lmrepro/pipeline/publish.py", "TMP_SUFFIX"),
+    ("lmrepro/pipeline/notebook.py", "scratch_dir("),     # in $TMPDIR, outside the repository
+    ("lmrepro/scape/study/scaling.py", "TMP_SUFFIX"),     # a reused run's copy
+    ("lmrepro/data/embedded.py", "TemporaryDirectory("),  # in $TMPDIR
+    ("lmrepro/scape/analysis/report.py", "TemporaryDirectory("),   # in $TMPDIR
+}
+MAKER_TEXTS = ("mkdtemp(", "mkstemp(", "TemporaryDirectory(", "NamedTemporaryFile(",
+               "scratch_dir(", "TMP_SUFFIX", '".tmp"', "'.tmp'")
+
+KILLED_WRITE = """
+import sys
+from lmrepro.io import atomic_write_text
+atomic_write_text(sys.argv[1], "new")
+"""
+
+
+def test_every_maker_of_a_temporary_name_is_listed() -> None:
+    src = ROOT / "src"
+    found = {(str(p.relative_to(src)), text) for p in src.rglob("*.py")
+             for text in MAKER_TEXTS if text in p.read_text(encoding="utf-8")
+             and not (p.name == "lifetime.py" and text == "scratch_dir(")   # its definition
+             and not (p.name == "io.py" and text == '".tmp"')}     # TMP_SUFFIX's definition
+    assert found == TEMPORARY_MAKERS
+
+
+def _names_the_code_makes(proj: Path) -> list[str]:
+    """Temporaries made by the package's own code at the places a run makes them, left as a
+    killed run leaves them: an atomic write killed before its rename (a product in results/,
+    a headline metric in metrics/ (tracked by git), a page in published/), publish's scratch
+    folder, a reused run's copy."""
+    import subprocess
+
+    from _faults import env
+
+    from lmrepro.io import TMP_SUFFIX
+    from lmrepro.lifetime import FAULT_ENV, scratch_dir
+    from lmrepro.pipeline.publish import SCRATCH_TAG
+    from lmrepro.scape.study.scaling import reuse_run
+
+    for rel in ("results/scape/metrics.json", "metrics/scape/headline.json",
+                "published/reference/README.md", "data/prepared/shakespeare/manifest.json"):
+        target = proj / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("old")
+        done = subprocess.run([sys.executable, "-c", KILLED_WRITE, str(target)],
+                              env=env(**{FAULT_ENV: f"replace:{target.name}"}), timeout=60)
+        assert done.returncode == -9
+    made = []
+    with scratch_dir(SCRATCH_TAG, proj / "published", suffix=TMP_SUFFIX) as scratch:
+        (scratch / "reference").mkdir()
+        (scratch / "reference" / "MANIFEST.json").write_text("{}")
+        made = [str(p.relative_to(proj)) for p in scratch.rglob("*")]
+    src = proj / "results/scaling/runs/s/L8/seed1/a"
+    src.mkdir(parents=True)
+    (src / "summary.json").write_text(json.dumps({"name": "a"}))
+
+    def fail(*_a: object, **_k: object) -> None:
+        raise OSError("killed here")
+
+    with pytest.MonkeyPatch.context() as mp:      # stopped where a kill would stop it
+        mp.setattr("lmrepro.scape.study.scaling.atomic_write_json", fail)
+        with pytest.raises(OSError):
+            reuse_run(src, src.with_name("b"), "b")
+    on_disk = [str(p.relative_to(proj)) for p in proj.rglob("*")
+               if any(part.endswith(".tmp") for part in p.relative_to(proj).parts)]
+    return sorted(set(on_disk) | set(made))
+
+
+def test_git_and_dvc_ignore_every_temporary_name_the_code_makes(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from _faults import dvc_ignored, git_visible
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    for name in (".gitignore", ".dvcignore"):
+        shutil.copyfile(ROOT / name, proj / name)
+    subprocess.run(["git", "init", "-q"], cwd=proj, check=True)
+    names = _names_the_code_makes(proj)
+    kinds = {Path(n).parts[0] for n in names}
+    assert {"results", "metrics", "published", "data"} <= kinds, names
+    assert any("lmrepro-publish-" in n for n in names) and any(".copying" in n for n in names)
+    assert all(any(part.endswith(".tmp") for part in Path(n).parts) for n in names), names
+    shown = {n for n in git_visible(proj) if n in names}
+    assert not shown, f"git would pick up: {sorted(shown)}"
+    assert set(names) == dvc_ignored(proj, names), sorted(set(names) - dvc_ignored(proj, names))

@@ -424,8 +424,9 @@ def scratch_dir(tag: str, base: str | os.PathLike | None = None,
                 suffix: str = "") -> Iterator[Path]:
     """A private temporary directory ``<base>/lmrepro-<tag>-<pid>-<host>-XXXX<suffix>`` (base:
     the system's temporary directory), removed on exit; those left by killed processes of this
-    host are removed first. Inside a repository, ``suffix=".tmp"`` keeps it out of git and DVC
-    (``.gitignore``, ``.dvcignore``: ``tests/test_faults.py`` checks every temporary name)."""
+    host are removed first. Inside a repository, the suffix ``.tmp`` (the one of every temporary
+    name, :mod:`lmrepro.io`) keeps it out of git and DVC (``.gitignore``, ``.dvcignore``:
+    ``tests/test_faults.py`` checks every temporary name)."""
     base = Path(base or tempfile.gettempdir())
     sweep_scratch(tag, base)
     path = Path(tempfile.mkdtemp(prefix=f"{_scratch_prefix(tag)}{owner_tag()}-",

@@ -33,6 +33,7 @@ from typing import Any
 
 from lmrepro.errors import ParameterError, check
 from lmrepro.io import (
+    TMP_SUFFIX,
     atomic_write_json,
     os_errors_as,
     read_json,
@@ -121,7 +122,7 @@ def publish(root: str | os.PathLike = ".", dest: str | os.PathLike | None = None
     # the new copy is built in a scratch folder beside the destination (one rename away, on
     # the same file system), named so git and DVC ignore it and removed by the next publish
     # when this one is killed
-    with os_errors_as(dest), scratch_dir(SCRATCH_TAG, dest.parent, suffix=".tmp") as scratch:
+    with os_errors_as(dest), scratch_dir(SCRATCH_TAG, dest.parent, suffix=TMP_SUFFIX) as scratch:
         tmp = scratch / dest.name
         _write_copy(root, tmp, files, profile, dest)
         pages.write_page(tmp)           # in the copy: a publication is never without its page
