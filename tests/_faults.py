@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +55,11 @@ class Command:
     same: Callable[[Path], object]
     setup: Callable[[Path], None]
     kept: tuple[str, ...] = ()
-    timeout_s: float = 300.0
+    #: kill from outside (SIGKILL of the command's process) when each of these holds in the
+    #: project, instead of the fault points (a notebook's cells run in its kernel, where a
+    #: fault point would kill the kernel, not the command): ``(what, predicate)``
+    kill_when: tuple[tuple[str, Callable[[Path], bool]], ...] = ()
+    timeout_s: float = 900.0
     outcomes: dict[str, str] = field(default_factory=dict)
 
 
@@ -197,18 +202,57 @@ def check_rerun(cmd: Command, proj: Path, reference_proj: Path, reference: set[s
 # the faults
 # ------------------------------------------------------------------------------------------------
 
+def killed_when(cmd: Command, proj: Path, what: str, ready: Callable[[Path], bool]) -> None:
+    """Start the command, SIGKILL it the moment ``ready(proj)`` holds; every process it started
+    must be gone within 10 s (the lifetime chain)."""
+    import psutil
+
+    tag = f"faults-{proj}-{what}"
+    log = proj.parent / f"{proj.name}.{cmd.name}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([PY, "-m", "lmrepro", *cmd.argv], cwd=proj,
+                                env=env(LMREPRO_TEST_TAG=tag), stdout=subprocess.DEVNULL,
+                                stderr=out)
+        deadline = time.monotonic() + cmd.timeout_s
+        while not ready(proj):
+            assert proc.poll() is None, f"{cmd.name} ended before {what}: {log.read_text()}"
+            assert time.monotonic() < deadline, f"{cmd.name}: {what} never came"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def left() -> list[int]:
+        found = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                if (p.status() != psutil.STATUS_ZOMBIE
+                        and p.environ().get("LMREPRO_TEST_TAG") == tag):
+                    found.append(p.pid)
+        return found
+
+    end = time.monotonic() + 10.0
+    while left():
+        assert time.monotonic() < end, f"{cmd.name} killed {what}: processes left {left()}"
+        time.sleep(0.1)
+
+
 def sigkill(cmd: Command, proj: Path, ref: Path, reference: set[str]) -> str:
     """One run killed at each point in turn (each run resuming the killed one's work), then a
     run to the end."""
-    for point in cmd.kill_points:
+    points = [(p, None) for p in cmd.kill_points] + list(cmd.kill_when)
+    for point, ready in points:
         before = {p for p in files(proj) if not temporary(p)}
-        result = run(cmd, proj, point)
-        assert result.returncode == -signal.SIGKILL, (point, result.stderr[-3000:])
+        if ready is None:
+            result = run(cmd, proj, point)
+            assert result.returncode == -signal.SIGKILL, (point, result.stderr[-3000:])
+        else:
+            killed_when(cmd, proj, point, ready)
         lost = before - set(files(proj))
         assert not lost, f"killed at {point}: lost {sorted(lost)}"
         check_litter(proj, reference, before)
-    return (f"killed at {', '.join(f'`{p}`' for p in cmd.kill_points)}: nothing lost, "
-            f"temporaries ignored; {check_rerun(cmd, proj, ref, reference)}")
+    where = ", ".join(f"`{p}`" if r is None else p for p, r in points)
+    return (f"killed at {where}: nothing lost, temporaries ignored; "
+            f"{check_rerun(cmd, proj, ref, reference)}")
 
 
 @contextlib.contextmanager
