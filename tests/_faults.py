@@ -169,12 +169,16 @@ def kept_bytes(cmd: Command, proj: Path) -> dict[str, bytes]:
     return out
 
 
-def check_litter(proj: Path, reference: set[str], before: set[str]) -> list[str]:
-    """What a fault left is ignored by git and DVC; returns it."""
+def check_litter(proj: Path, reference: set[str], before: set[str], dvc: bool = False
+                 ) -> list[str]:
+    """Nothing a fault left (beyond a finished run's files) is what git would pick up; with
+    ``dvc``, after the rerun: nothing left is what DVC would hash either (a killed run's
+    checkpoint, which the rerun resumes from, is state, not litter, until the rerun ends).
+    Returns what is left."""
     left = litter(proj, reference, before)
     shown = git_visible(proj) & set(left)
     assert not shown, f"git would pick up what a fault left: {sorted(shown)}"
-    missed = set(left) - dvc_ignored(proj, left)
+    missed = set(left) - dvc_ignored(proj, left) if dvc else set()
     assert not missed, f".dvcignore misses what a fault left: {sorted(missed)}"
     return left
 
@@ -193,8 +197,7 @@ def check_rerun(cmd: Command, proj: Path, reference_proj: Path, reference: set[s
     finished(cmd, proj)
     mine, theirs = cmd.same(proj), cmd.same(reference_proj)
     assert mine == theirs, f"{cmd.name}: the rerun differs: {differences(mine, theirs)}"
-    left = litter(proj, reference, set())
-    check_litter(proj, reference, set())
+    left = check_litter(proj, reference, set(), dvc=True)
     return "rerun = undisturbed" + (f"; {len(left)} ignored temporaries kept" if left else "")
 
 
@@ -251,7 +254,7 @@ def sigkill(cmd: Command, proj: Path, ref: Path, reference: set[str]) -> str:
         assert not lost, f"killed at {point}: lost {sorted(lost)}"
         check_litter(proj, reference, before)
     where = ", ".join(f"`{p}`" if r is None else p for p, r in points)
-    return (f"killed at {where}: nothing lost, temporaries ignored; "
+    return (f"killed at {where}: nothing lost, nothing git would pick up; "
             f"{check_rerun(cmd, proj, ref, reference)}")
 
 

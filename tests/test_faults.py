@@ -334,3 +334,98 @@ def test_git_and_dvc_ignore_every_temporary_name_the_code_makes(tmp_path: Path) 
     shown = {n for n in git_visible(proj) if n in names}
     assert not shown, f"git would pick up: {sorted(shown)}"
     assert set(names) == dvc_ignored(proj, names), sorted(set(names) - dvc_ignored(proj, names))
+
+
+# ------------------------------------------------------------------------------------------------
+# the one line of an OSError, from the command line and from a notebook's kernel
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("err, status, expected", [
+    (PermissionError(13, "Permission denied", "results/x.json"), 1,
+     "permission denied: results/x.json: make it writable for this user"),
+    (OSError(30, "Read-only file system", "published/reference"), 1,
+     "read-only file system: published/reference: remount it read-write"),
+    (FileNotFoundError(2, "No such file or directory", "results/params.json"), 2,
+     "no such file or directory: results/params.json: create it, or run the stage"),
+    (OSError(28, "No space left on device", "results/a.csv", None, "published/b.csv"), 1,
+     "no space left on device writing published/b.csv"),
+    (RuntimeError("torch: unexpected pos"), 1, "no space left on device writing ?"),
+], ids=["permission", "read-only", "missing", "full", "wrapped-full"])
+def test_an_os_error_is_one_line_naming_the_path_and_what_to_do(err, status, expected, capsys
+                                                                ) -> None:
+    import argparse
+
+    from lmrepro.entry import execute
+
+    if isinstance(err, RuntimeError):           # torch wraps the writer's OSError
+        err.__cause__ = OSError(28, "No space left on device")
+
+    def fail(_args: argparse.Namespace) -> int:
+        raise err
+
+    for verbose in (False, True):
+        assert execute(argparse.Namespace(func=fail, verbose=verbose)) == status
+        lines = capsys.readouterr().err.splitlines()
+        assert lines[-1].startswith("lmrepro: error: " + expected), lines[-1]
+        assert ("Traceback (most recent call last):" in lines) == verbose   # only under -v
+        if not verbose:
+            assert len(lines) == 1
+
+
+def test_an_os_error_in_a_notebook_kernel_reads_as_the_command_lines() -> None:
+    from lmrepro.entry import notebook_error
+
+    class CellError(Exception):
+        ename = "OSError"
+        evalue = "[Errno 30] Read-only file system: 'results/baseline/.writer.lock'"
+
+    err = notebook_error(CellError())
+    assert err is not None and err.status == 1
+    assert str(err) == ("OSError: read-only file system: results/baseline/.writer.lock: remount "
+                        "it read-write or write the output elsewhere, then run again; nothing "
+                        "already written was lost")
+    CellError.ename, CellError.evalue = "FileNotFoundError", "[Errno 2] No such file: 'a' -> 'b'"
+    err = notebook_error(CellError())
+    assert err is not None and err.status == 2 and "a (to b)" in str(err)
+    CellError.ename = "ValueError"
+    assert notebook_error(CellError()) is None     # not ours: keeps its traceback
+
+
+def test_a_folder_is_replaced_whole_and_a_swap_cut_short_is_put_back(tmp_path, monkeypatch
+                                                                     ) -> None:
+    import lmrepro.io as lio
+
+    def folder(name: str, text: str) -> Path:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f").write_text(text)
+        return tmp_path / name
+
+    dest, new = folder("dest", "old"), folder("new", "new")
+    assert lio.replace_dir(new, dest) == new                    # swapped in one step
+    assert (dest / "f").read_text() == "new" and (new / "f").read_text() == "old"
+    monkeypatch.setattr(lio, "_exchange", lambda a, b: False)   # a system that cannot swap
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    newer = folder("scratch/dest", "newer")
+    previous = lio.replace_dir(newer, dest)
+    assert previous == scratch / "dest.previous" and (dest / "f").read_text() == "newer"
+    previous.rename(scratch / "kept")
+    dest.rename(previous)                  # as a kill between the two renames leaves them
+    assert lio.restore_previous_dir(dest, [scratch]) == dest
+    assert (dest / "f").read_text() == "newer" and not previous.exists()
+
+
+def test_publish_removes_the_half_copy_an_earlier_publish_left(tmp_path) -> None:
+    """What a publish of the code before its scratch folders left when killed (the issue's
+    `published/.default.g8c4njis/`, `.default.old/`) is removed by the next publish."""
+    from test_publish import finished_run
+
+    from lmrepro.pipeline.publish import publish
+
+    root = finished_run(tmp_path / "proj")
+    half = root / "published" / ".reference.g8c4njis"
+    (half / "results").mkdir(parents=True)
+    (root / "published" / ".reference.old").mkdir()
+    publish(root)
+    assert sorted(p.name for p in (root / "published").iterdir()) == [
+        "reference", "timing_history.json"]
