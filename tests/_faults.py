@@ -144,6 +144,12 @@ def temporary(rel: str) -> bool:
     return any(part.endswith(TEMPORARY_SUFFIXES) for part in Path(rel).parts)
 
 
+def kept_state(rel: str) -> bool:
+    """Whether a run keeps ``rel``: not a temporary, and not a checkpoint (a run removes the
+    checkpoints its newer one supersedes; the rerun's equality shows none was lost)."""
+    return not temporary(rel) and "checkpoints" not in Path(rel).parts
+
+
 def litter(proj: Path, reference: set[str], before: set[str]) -> list[str]:
     """Files in ``proj`` that neither were there ``before`` nor are in a finished run
     (``reference``): what a fault left behind."""
@@ -244,7 +250,7 @@ def sigkill(cmd: Command, proj: Path, ref: Path, reference: set[str]) -> str:
     run to the end."""
     points = [(p, None) for p in cmd.kill_points] + list(cmd.kill_when)
     for point, ready in points:
-        before = {p for p in files(proj) if not temporary(p)}
+        before = {p for p in files(proj) if kept_state(p)}
         if ready is None:
             result = run(cmd, proj, point)
             assert result.returncode == -signal.SIGKILL, (point, result.stderr[-3000:])
@@ -302,7 +308,7 @@ def failed_and_kept(cmd: Command, proj: Path, *names: str) -> tuple[str, dict[st
     before, kept = files(proj), kept_bytes(cmd, proj)
     line = one_line(run(cmd, proj), *names)
     after = files(proj)
-    lost = {p for p in before if not temporary(p)} - set(after)
+    lost = {p for p in before if kept_state(p)} - set(after)
     assert not lost, f"{cmd.name}: lost {sorted(lost)}"
     assert kept_bytes(cmd, proj) == kept, f"{cmd.name}: a kept product changed"
     return line, before
