@@ -429,3 +429,23 @@ def test_publish_removes_the_half_copy_an_earlier_publish_left(tmp_path) -> None
     publish(root)
     assert sorted(p.name for p in (root / "published").iterdir()) == [
         "reference", "timing_history.json"]
+
+
+def test_the_error_line_starts_a_line_of_its_own_after_a_progress_bar(capsys) -> None:
+    """An error that interrupts a progress bar (a full disk during training) is printed on a
+    line of its own: the bar is closed first, not after the error at exit."""
+    import argparse
+
+    from tqdm import tqdm
+
+    from lmrepro.entry import execute
+
+    def train(_args: argparse.Namespace) -> int:
+        bar = tqdm(total=8, desc="train backprop")
+        bar.update(4)
+        raise OSError(28, "No space left on device", "results/run/rank0.pt")
+
+    assert execute(argparse.Namespace(func=train, verbose=False)) == 1
+    err = capsys.readouterr().err
+    line = "lmrepro: error: no space left on device writing results/run/rank0.pt"
+    assert any(x.startswith(line) for x in err.replace("\r", "\n").split("\n")), err

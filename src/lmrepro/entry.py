@@ -14,6 +14,7 @@ Shared by the ``lmrepro`` command (:mod:`lmrepro.cli`) and the commands that run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import sys
@@ -116,5 +117,16 @@ def _one_line(args: argparse.Namespace, line: str, status: int) -> int:
     """Print ``line`` (the traceback first under ``-v``) and return ``status``."""
     if getattr(args, "verbose", False):
         traceback.print_exc()
+    _close_progress_bars()
     print(line, file=sys.stderr)
     return status
+
+
+def _close_progress_bars() -> None:
+    """Close the progress bars the error interrupted: each ends its line now, so the error
+    starts a line of its own (left open, a bar is closed at exit, after the error, which was
+    printed on the bar's line: ``... loss=5.214]lmrepro: error: ...``)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or []):
+        with contextlib.suppress(Exception):
+            bar.close()
