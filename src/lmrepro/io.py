@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import math
@@ -29,9 +30,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from lmrepro.lifetime import fault_point
+from lmrepro.lifetime import fault_point, owner_gone, owner_tag
 
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+#: the errors of a place that cannot be written (os_errors_as names the product instead)
+WRITE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class DiskFullError(OSError):
@@ -86,8 +89,49 @@ def full_disk_cause(exc: BaseException) -> OSError | None:
     return None
 
 
+#: what to do about an OSError, by errno (the path is named before it)
+_OS_ERROR_ADVICE = {
+    errno.EACCES: ("permission denied", "make it writable for this user (chmod u+w, or chown) "
+                   "or write the output elsewhere, then run again"),
+    errno.EPERM: ("operation not permitted", "make it writable for this user (chmod u+w, or "
+                  "chown) or write the output elsewhere, then run again"),
+    errno.EROFS: ("read-only file system", "remount it read-write or write the output "
+                  "elsewhere, then run again"),
+    errno.ENOENT: ("no such file or directory", "create it, or run the stage that writes it "
+                   "first (dvc repro), then run again"),
+    errno.ENOTDIR: ("not a directory", "a file stands where a folder is expected: move it "
+                    "aside, then run again"),
+    errno.EISDIR: ("is a directory", "a folder stands where a file is expected: move it aside, "
+                   "then run again"),
+}
+
+
+def os_error_message(err: OSError) -> str:
+    """One line for an OSError a command met: the path, what happened and what to do.
+
+    Every product is written atomically (:func:`atomic_open`), so a failed write keeps the
+    previous file: the line says so. A full disk reads as :class:`DiskFullError` does."""
+    if isinstance(err, DiskFullError):
+        return str(err)
+    path, other = err.filename, err.filename2
+    if err.errno in FULL_DISK_ERRNOS:
+        return str(DiskFullError(other if other is not None else path or "?", err))
+    what, todo = _OS_ERROR_ADVICE.get(err.errno or 0, (
+        (err.strerror or str(err)).lower(), "check the path and the device, then run again"))
+    where = f"{path}" if path is not None else "(no path given)"
+    if other is not None:
+        where += f" (to {other})"
+    return f"{what}: {where}: {todo}; nothing already written was lost"
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """``exc`` itself when it is an OSError, else a full disk in its chain (torch wraps the
+    writer's OSError in a RuntimeError), else None."""
+    return exc if isinstance(exc, OSError) else full_disk_cause(exc)
+
+
 @contextlib.contextmanager
-def _full_disk_as(path: str | os.PathLike) -> Iterator[None]:
+def full_disk_as(path: str | os.PathLike) -> Iterator[None]:
     """Re-raise a full-disk failure anywhere below as :class:`DiskFullError` naming ``path``."""
     try:
         yield
@@ -100,12 +144,44 @@ def _full_disk_as(path: str | os.PathLike) -> Iterator[None]:
         raise DiskFullError(path, cause) from exc
 
 
+TMP_SUFFIX = ".tmp"     # every temporary name ends so: .gitignore and .dvcignore hold *.tmp
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary siblings of ``path`` (``.<name>.<pid>-<host>-<hex>.tmp``) whose
+    writer was killed: the next write of a product clears what a killed one left."""
+    prefix = f".{path.name}."
+    stale = [p for p in path.parent.glob(f"{glob.escape(prefix)}*{TMP_SUFFIX}")
+             if owner_gone(p.name[len(prefix):-len(TMP_SUFFIX)])]
+    for p in stale:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    return stale
+
+
+@contextlib.contextmanager
+def os_errors_as(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise an OSError below (a full disk, a read-only file system, permission denied) as
+    one naming ``path``: the product being written, not the temporary that held it."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as err:
+        if err.errno in FULL_DISK_ERRNOS:
+            raise DiskFullError(path, err) from err
+        if err.errno not in WRITE_ERRNOS:
+            raise               # a missing input names itself
+        raise OSError(err.errno, err.strerror, str(path)) from err
+
+
 def _create_private_sibling(path: Path) -> tuple[int, Path]:
     """A new temporary file next to ``path``, created with mode ``0o666`` so that the kernel
     applies the process's umask (``mkstemp`` would make it ``0600``)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    remove_stale_temporaries(path)
     while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        tmp = path.with_name(f".{path.name}.{owner_tag()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
         try:
             return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:
@@ -119,7 +195,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
     The file gets the process's umask permissions; a full disk raises :class:`DiskFullError`;
     on any failure the temporary file is removed and ``path`` is untouched."""
     path = Path(path)
-    with _full_disk_as(path):
+    with full_disk_as(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = _create_private_sibling(path)
         try:
@@ -133,6 +209,62 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+
+
+RENAME_EXCHANGE = 2     # renameat2's flag: swap two paths in one step (Linux 3.15)
+AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the paths ``a`` and ``b`` in one step (Linux ``renameat2``); False where the system
+    or the file system cannot."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        rename2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    if rename2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def replace_dir(new: str | os.PathLike, dest: str | os.PathLike) -> Path | None:
+    """Put the complete folder ``new`` at ``dest``; returns where the previous ``dest`` went
+    (``new``'s path: remove it), None when there was none.
+
+    Where the system can, the two are swapped in one step, so ``dest`` always names a
+    complete folder, the old or the new, whenever the process is killed. Elsewhere ``dest`` is
+    renamed to ``new``'s name plus ``.previous`` first: a kill between the two renames leaves
+    it there, and :func:`restore_previous_dir` puts it back."""
+    new, dest = Path(new), Path(dest)
+    if not dest.exists():
+        os.rename(new, dest)
+        return None
+    if _exchange(new, dest):
+        return new
+    previous = new.with_name(new.name + ".previous")
+    os.rename(dest, previous)
+    os.rename(new, dest)
+    return previous
+
+
+def restore_previous_dir(dest: str | os.PathLike, candidates: list[Path]) -> Path | None:
+    """When ``dest`` is missing and a ``<name>.previous`` folder of :func:`replace_dir` lies in
+    one of the ``candidates`` (scratch folders of killed runs), put it back at ``dest``."""
+    dest = Path(dest)
+    if dest.exists():
+        return None
+    for folder in candidates:
+        previous = folder / f"{dest.name}.previous"
+        if previous.is_dir():
+            os.rename(previous, dest)
+            return dest
+    return None
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -214,7 +346,7 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     """Append one JSON line and flush it (metrics logs are append-only); NaN is refused."""
     path = Path(path)
     line = dumps(record, path) + "\n"
-    with _full_disk_as(path):
+    with full_disk_as(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(line)

@@ -384,31 +384,53 @@ def _host() -> str:
     return socket.gethostname().replace("-", "_") or "host"
 
 
-def sweep_scratch(tag: str, base: str | os.PathLike | None = None) -> list[Path]:
-    """Remove the scratch directories of ``tag`` whose process (on this host) is gone; returns
-    them. Another host's (a shared temporary directory) are left alone."""
+def owner_tag() -> str:
+    """``<pid>-<host>``: the owner written into a temporary's name, so that the next process
+    can tell a killed owner's temporaries (:func:`owner_gone`) from a live one's."""
+    return f"{os.getpid()}-{_host()}"
+
+
+def owner_gone(tag: str) -> bool:
+    """Whether the owner ``tag`` (:func:`owner_tag`, possibly followed by ``-<more>``) is a
+    process of this host that has ended; another host's owners are never called gone."""
+    pid_text, _, rest = tag.partition("-")
+    return (pid_text.isdigit() and (rest == _host() or rest.startswith(_host() + "-"))
+            and int(pid_text) != os.getpid() and not pid_alive(int(pid_text)))
+
+
+def stale_scratch(tag: str, base: str | os.PathLike | None = None) -> list[Path]:
+    """The scratch directories of ``tag`` under ``base`` whose process (on this host) is gone.
+    Another host's (a shared temporary directory) are not listed."""
     base = Path(base or tempfile.gettempdir())
     prefix = _scratch_prefix(tag)
-    removed = []
-    for d in base.glob(prefix + "*"):
-        pid_text, _, rest = d.name[len(prefix):].partition("-")
-        if (not pid_text.isdigit() or not rest.startswith(_host() + "-")
-                or int(pid_text) == os.getpid() or pid_alive(int(pid_text))):
-            continue
+    stale = []
+    for d in sorted(base.glob(prefix + "*")):
+        if owner_gone(d.name[len(prefix):]):
+            stale.append(d)
+    return stale
+
+
+def sweep_scratch(tag: str, base: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the scratch directories of ``tag`` whose process (on this host) is gone; returns
+    them (:func:`stale_scratch`)."""
+    removed = stale_scratch(tag, base)
+    for d in removed:
         shutil.rmtree(d, ignore_errors=True)
-        removed.append(d)
     return removed
 
 
 @contextlib.contextmanager
-def scratch_dir(tag: str, base: str | os.PathLike | None = None) -> Iterator[Path]:
-    """A private temporary directory ``<base>/lmrepro-<tag>-<pid>-<host>-XXXX`` (base: the
-    system's temporary directory), removed on exit; those left by killed processes of this host
-    are removed first."""
+def scratch_dir(tag: str, base: str | os.PathLike | None = None,
+                suffix: str = "") -> Iterator[Path]:
+    """A private temporary directory ``<base>/lmrepro-<tag>-<pid>-<host>-XXXX<suffix>`` (base:
+    the system's temporary directory), removed on exit; those left by killed processes of this
+    host are removed first. Inside a repository, the suffix ``.tmp`` (the one of every temporary
+    name, :mod:`lmrepro.io`) keeps it out of git and DVC (``.gitignore``, ``.dvcignore``:
+    ``tests/test_faults.py`` checks every temporary name)."""
     base = Path(base or tempfile.gettempdir())
     sweep_scratch(tag, base)
-    path = Path(tempfile.mkdtemp(prefix=f"{_scratch_prefix(tag)}{os.getpid()}-{_host()}-",
-                                 dir=base))
+    path = Path(tempfile.mkdtemp(prefix=f"{_scratch_prefix(tag)}{owner_tag()}-",
+                                 suffix=suffix, dir=base))
     try:
         yield path
     finally:

@@ -28,12 +28,20 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from lmrepro.errors import ParameterError, check
-from lmrepro.io import atomic_write_json, read_json, sha256_file
+from lmrepro.io import (
+    TMP_SUFFIX,
+    atomic_write_json,
+    os_errors_as,
+    read_json,
+    replace_dir,
+    restore_previous_dir,
+    sha256_file,
+)
+from lmrepro.lifetime import fault_point, scratch_dir, stale_scratch
 from lmrepro.pipeline.registry import reports
 from lmrepro.pipeline.sections import BEGIN, update_profile_section, update_readme
 from lmrepro.rundirs import set_aside
@@ -41,6 +49,8 @@ from lmrepro.rundirs import set_aside
 REFERENCE = "reference"
 MAX_FILE_BYTES = 8 << 20
 MANIFEST = "MANIFEST.json"
+#: the scratch folders of a publish beside its destination (lmrepro-publish-<pid>-...tmp)
+SCRATCH_TAG = "publish"
 #: the folders of a stage that hold run directories (a suite's or a study's)
 RUN_FOLDERS = ("runs", "sweep", "sweep-edge", "ablations")
 #: what is published, as glob patterns relative to the project root
@@ -102,40 +112,25 @@ def publish(root: str | os.PathLike = ".", dest: str | os.PathLike | None = None
         raise ParameterError("published file", large[0][0],
                              f"must be at most {MAX_FILE_BYTES >> 20} MiB to publish "
                              f"({large[0][1]} bytes): only small products are published")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        for rel in files:
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(root / rel, tmp / rel)
-        prov = read_json(root / "reports/provenance.json")
-        checksums = {str(rel): {"sha256": sha256_file(tmp / rel),
-                                "bytes": (tmp / rel).stat().st_size} for rel in files}
-        atomic_write_json(tmp / MANIFEST, {
-            "format": "lmrepro.published/1", "profile": profile,
-            "published_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "commit": (prov.get("git") or {}).get("commit"),
-            "dirty": (prov.get("git") or {}).get("dirty"), "files": checksums,
-            "run_origins": run_origins(checksums, prov, dest)})
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)   # mkdtemp makes 0700; the copy follows the umask
-        old = None
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            dest.rename(old)
-        tmp.rename(dest)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     from lmrepro.pipeline import pages
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # a publish killed between its two renames (where the system cannot swap folders in one
+    # step) left the previous copy in its scratch folder: put back before that is swept
+    restore_previous_dir(dest, stale_scratch(SCRATCH_TAG, dest.parent))
+    remove_legacy_copies(dest)
+    # the new copy is built in a scratch folder beside the destination (one rename away, on
+    # the same file system), named so git and DVC ignore it and removed by the next publish
+    # when this one is killed
+    with os_errors_as(dest), scratch_dir(SCRATCH_TAG, dest.parent, suffix=TMP_SUFFIX) as scratch:
+        tmp = scratch / dest.name
+        _write_copy(root, tmp, files, profile, dest)
+        pages.write_page(tmp)           # in the copy: a publication is never without its page
+        replace_dir(tmp, dest)          # the previous copy, now in scratch, goes with it
+        fault_point("publish-replaced")
     from lmrepro.pipeline.timing_history import HISTORY_NAME, record_profile
 
     record_profile(dest, dest.parent / HISTORY_NAME)
-    pages.write_page(dest)
     if readme is not None:
         readme_path = Path(readme) if Path(readme).is_absolute() else root / readme
         pages.update_verdicts(readme_path, dest.parent)
@@ -147,6 +142,39 @@ def publish(root: str | os.PathLike = ".", dest: str | os.PathLike | None = None
         elif profile != REFERENCE:
             update_profile_section(readme_path, dest, profile, link_base)
     return dest
+
+
+def remove_legacy_copies(dest: Path) -> list[Path]:
+    """Remove what a publish killed before its scratch folders were named for git to ignore
+    left beside ``dest``: ``.<profile>.XXXXXXXX/`` (a half copy) and ``.<profile>.old/`` (the
+    previous copy, put back first when ``dest`` is missing). Returns the folders removed."""
+    old = dest.with_name(f".{dest.name}.old")
+    if not dest.exists() and old.is_dir():
+        old.rename(dest)
+    removed = [d for d in dest.parent.glob(f".{dest.name}.*") if d.is_dir()
+               and (d == old or len(d.name) == len(dest.name) + 10)]   # mkdtemp's 8 letters
+    for d in removed:
+        shutil.rmtree(d)
+    return removed
+
+
+def _write_copy(root: Path, tmp: Path, files: list[Path], profile: str, dest: Path) -> None:
+    """Copy ``files`` of ``root`` to the new folder ``tmp`` (the umask's mode) with their
+    ``MANIFEST.json``; ``dest``: the publication it will replace (for the runs' origins)."""
+    tmp.mkdir()
+    for i, rel in enumerate(files):
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, tmp / rel)
+        fault_point(f"publish-copied@{i}")
+    prov = read_json(root / "reports/provenance.json")
+    checksums = {str(rel): {"sha256": sha256_file(tmp / rel),
+                            "bytes": (tmp / rel).stat().st_size} for rel in files}
+    atomic_write_json(tmp / MANIFEST, {
+        "format": "lmrepro.published/1", "profile": profile,
+        "published_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "commit": (prov.get("git") or {}).get("commit"),
+        "dirty": (prov.get("git") or {}).get("dirty"), "files": checksums,
+        "run_origins": run_origins(checksums, prov, dest)})
 
 
 def run_origins(checksums: dict[str, dict[str, Any]], prov: dict[str, Any], dest: Path

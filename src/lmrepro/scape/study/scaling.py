@@ -43,7 +43,7 @@ import numpy as np
 
 from lmrepro.data.stage import data_identity
 from lmrepro.evaluation import decay_start
-from lmrepro.io import atomic_write_json, read_json
+from lmrepro.io import TMP_SUFFIX, atomic_write_json, read_json
 from lmrepro.model import ModelConfig
 from lmrepro.pipeline.study_engine import LengthStudy, Point, RunDirs, no_study
 from lmrepro.runlock import holds_writer_lock
@@ -104,7 +104,7 @@ def reuse_run(src: Path, dst: Path, name: str) -> None:
     """Copy the finished run ``src`` (not its checkpoints) to ``dst`` under the run name
     ``name`` (the summary's ``name`` and ``config.run.name``), recording where it came from
     (``reused.json``). The summary is written last: an interrupted copy is not a finished run."""
-    tmp = dst.with_name(dst.name + ".copying")
+    tmp = dst.with_name(dst.name + ".copying" + TMP_SUFFIX)     # ignored by git and DVC
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in src.iterdir():
