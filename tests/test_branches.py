@@ -134,3 +134,35 @@ def test_branch_ends_as_the_full_run_of_its_length(corpus, tmp_path):
         seed_branch(parent, tmp_path / "x", AT, {**ident, "engine": ENGINE})
     with pytest.raises(ParameterError, match="kept no checkpoint after step 15"):
         seed_branch(parent, tmp_path / "y", 15, ident)
+
+
+def test_equal_final_table_and_headline_from_branch_rows():
+    """The study's reading of its branches: per seed, the candidate's final loss on AdamS's
+    final-loss curve; a length missing in one seed is left out; the headline is the longest."""
+    import math
+
+    import pandas as pd
+
+    from lmrepro.scape.study import horizon
+
+    rows = []
+    for seed, k in ((0, 1.5), (1, 2.0), (2, 2.5)):
+        for n in (1000, 2000, 4000, 8000):
+            rows.append({"size": "2x64", "run": "adams", "seed": seed, "steps": n,
+                         "test_bpb": 2.0 - 0.1 * math.log2(n / 1000)})
+            rows.append({"size": "2x64", "run": "scape90", "seed": seed, "steps": 2 * n,
+                         "test_bpb": 2.0 - 0.1 * math.log2(2 * n / (1000 * k))})
+    rows.append({"size": "2x64", "run": "scape90", "seed": 0, "steps": 99, "test_bpb": 3.0})
+    table = horizon.equal_final_table(pd.DataFrame(rows))
+    assert list(table.candidate_steps) == [2000, 4000, 8000, 16000]     # 99: seed 0 only
+    measured = table[table.measured]
+    # inside AdamS's curve (1000 to 8000 steps) iff 1000 k <= n <= 8000 k for every seed's k
+    assert list(measured.candidate_steps) == [4000, 8000]
+    assert list(table.outside) == [1, 0, 0, 1]
+    for r in measured.itertuples():
+        assert r.per_seed == pytest.approx([1.5, 2.0, 2.5], rel=1e-9)
+    head = horizon.equal_final_headline(table).iloc[0]
+    assert head.candidate_steps == 16000 and not head.measured and head.outside == 1
+    assert "not measured" in horizon.equal_final_text(head)
+    lines = horizon.equal_final_lines(table)
+    assert sum(line.startswith("| 2x64") and "not measured" in line for line in lines) == 2
