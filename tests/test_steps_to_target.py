@@ -196,3 +196,52 @@ def test_the_claims_show_the_final_loss_multiplier_beside_the_gap():
         assert f"steps to target: {want}" in ni_text(c)
         seen += 1
     assert seen >= 2
+
+
+# -- the multiplier at equal final loss (decay branches) -----------------------------------------
+def _final_curve(lengths, shift):
+    """A final-loss curve log-linear in steps: loss 2.0 at 100 * shift steps, 0.1 less per
+    doubling; a method needing ``shift`` times the steps of shift 1."""
+    return (lengths, [2.0 - 0.1 * math.log2(n / (100 * shift)) for n in lengths])
+
+
+def test_equal_final_loss_multiplier_from_known_curves():
+    from scipy import stats as sps
+
+    from lmrepro.pipeline.steps_to_target import equal_final_loss_rows, steps_at_final_loss
+
+    base_len = [100, 200, 400, 800]
+    shifts = {0: 1.8, 1: 2.0, 2: 2.3}
+    base = {s: _final_curve(base_len, 1.0) for s in shifts}
+    cand = {s: _final_curve([200, 400, 1000, 3000], k) for s, k in shifts.items()}
+    rows = equal_final_loss_rows(base, cand)
+    assert [r["candidate_steps"] for r in rows] == [200, 400, 1000, 3000]
+    # a length n is inside AdamS's curve (100 to 800 steps) iff 100 k <= n <= 800 k
+    by_n = {r["candidate_steps"]: r for r in rows}
+    for n in (400, 1000):
+        r = by_n[n]
+        assert r["measured"] and r["outside"] == 0
+        assert r["per_seed"] == pytest.approx([shifts[s] for s in sorted(shifts)], rel=1e-9)
+        logs = [math.log(k) for k in shifts.values()]
+        half = sps.t.ppf(0.975, 2) * np.std(logs, ddof=1) / math.sqrt(3)
+        assert r["multiplier"] == pytest.approx(math.exp(np.mean(logs)), rel=1e-9)
+        assert r["lower"] == pytest.approx(math.exp(np.mean(logs) - half), rel=1e-9)
+        assert r["upper"] == pytest.approx(math.exp(np.mean(logs) + half), rel=1e-9)
+    # 200 steps with k = 2.3 end above 2.0, AdamS's shortest run: that length is not measured
+    assert by_n[200]["outside"] == 1 and by_n[200]["measured"] is False
+    assert math.isnan(by_n[200]["multiplier"]) and len(by_n[200]["per_seed"]) == 2
+    # 3000 steps: a loss below every final loss of AdamS's curve: not measured, no multiplier
+    assert by_n[3000]["outside"] == 3 and math.isnan(by_n[3000]["multiplier"])
+    assert steps_at_final_loss(base_len, base[0][1], 2.01) is None
+    assert steps_at_final_loss(base_len, base[0][1], 1.65) is None
+    assert steps_at_final_loss(base_len, base[0][1], 1.85) == pytest.approx(
+        100 * 2 ** 1.5, rel=1e-9)
+
+
+def test_equal_final_loss_needs_the_same_lengths_in_every_seed():
+    from lmrepro.pipeline.steps_to_target import equal_final_loss_rows
+
+    base = {0: _final_curve([100, 200], 1.0), 1: _final_curve([100, 200], 1.0)}
+    cand = {0: _final_curve([100, 200], 1.0), 1: _final_curve([100, 300], 1.0)}
+    with pytest.raises(ValueError, match="same lengths"):
+        equal_final_loss_rows(base, cand)

@@ -6,7 +6,11 @@ processes each save their own share of one state, ``part<p>.pt`` beside ``rank0.
 ``latest.json``, naming the last complete checkpoint, its world size and the identity of the run
 that wrote it. A checkpoint becomes visible only when ``latest.json`` points at it, written
 atomically after every file of the step, and older ones are removed after that: a kill at any
-moment leaves the previous complete checkpoint.
+moment leaves the previous complete checkpoint. The checkpoints after the step counts of ``keep``
+(a stable run's branch points, :mod:`lmrepro.scape.study.branches`) are due whatever the cadence
+and outlive the rotation: once published, each is hard-linked (copied where links fail) into
+``kept_checkpoints/step_XXXXXXX/`` beside ``checkpoints/``, with ``kept.json`` (its step, world
+size and identity), the same files as a rotating checkpoint.
 
 :class:`Checkpoints` is one run's manager: its run directory, its identity (what a checkpoint
 must share with the run that resumes it), its cadence and its world size. The harness
@@ -23,6 +27,7 @@ trainers of one whole model share (the baseline, the RGC executors).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,6 +44,9 @@ if TYPE_CHECKING:     # torch only for the hints: the manager itself reads JSON 
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
+#: the folder of the checkpoints kept after the steps of ``Checkpoints.keep``, and each one's record
+KEPT_CHECKPOINTS = "kept_checkpoints"
+KEPT = "kept.json"
 #: the optimizer's name in a :func:`single_model_state`'s ``optims`` when one optimizer holds
 #: every parameter
 ALL = "all"
@@ -63,7 +71,8 @@ class Checkpoints:
     A checkpoint is due every ``every`` steps before the last (0: none) and after the last
     (``steps``) when ``last``. Without a run directory (``run_dir=None``) due-ness is still
     answered, nothing is written (:meth:`commit`) and nothing resumes (:meth:`load`).
-    ``world_size`` is the number of ranks that save their own state."""
+    ``world_size`` is the number of ranks that save their own state; the checkpoints after the
+    step counts in ``keep`` are due too and kept (:meth:`kept_dir`)."""
 
     run_dir: Path | None
     identity: Mapping[str, Any]
@@ -71,13 +80,14 @@ class Checkpoints:
     every: int = 0
     last: bool = False
     world_size: int = 1
+    keep: frozenset[int] = frozenset()
 
     # -- the cadence ------------------------------------------------------------------------------
     def due(self, done: int) -> bool:
         """Whether a checkpoint is due after ``done`` completed steps."""
         if done == self.steps:
             return self.last
-        return bool(self.every) and done % self.every == 0
+        return done in self.keep or (bool(self.every) and done % self.every == 0)
 
     # -- where ------------------------------------------------------------------------------------
     @property
@@ -95,6 +105,13 @@ class Checkpoints:
     def step_dir(self, step: int) -> Path:
         """The folder of the checkpoint after ``step`` steps."""
         return self.folder / f"step_{step:07d}"
+
+    def kept_dir(self, step: int) -> Path:
+        """Where the checkpoint after ``step`` (a step of ``keep``) is kept, out of the
+        rotation: ``run_dir/kept_checkpoints/step_XXXXXXX``."""
+        if self.run_dir is None:
+            raise ValueError("a run without a run directory keeps no checkpoints")
+        return self.run_dir / KEPT_CHECKPOINTS / f"step_{step:07d}"
 
     def exists(self) -> bool:
         """Whether the run directory holds any checkpoint, complete or not."""
@@ -122,11 +139,32 @@ class Checkpoints:
                           {"step": int(step), "dir": name, "world_size": int(self.world_size),
                            "identity": dict(self.identity)})
         fault_point(f"checkpoint-published@{step}")   # test hook: killed right after a checkpoint
+        if step in self.keep:
+            self._keep(step)
         for old in self.folder.glob("step_*"):
             # only older ones: a newer step's folder may already hold the parts of processes
             # running ahead (lmrepro.rgc.executors.async_)
             if old.name < name:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def _keep(self, step: int) -> None:
+        """Hard-link the published checkpoint of ``step`` into :meth:`kept_dir` (a complete
+        folder appears at once: built aside, then renamed; the files are never rewritten in
+        place, so a link shares them safely)."""
+        dst = self.kept_dir(step)
+        if dst.exists():
+            return
+        tmp = dst.with_name(dst.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for f in sorted(self.step_dir(step).iterdir()):
+            try:
+                os.link(f, tmp / f.name)
+            except OSError:          # a file system without hard links: a copy
+                shutil.copy2(f, tmp / f.name)
+        atomic_write_json(tmp / KEPT, {"step": int(step), "world_size": int(self.world_size),
+                                       "identity": dict(self.identity)})
+        tmp.rename(dst)
 
     def commit(self, step: int, state: Mapping[str, Any], rank: int = 0,
                barrier: Callable[[str], None] | None = None) -> None:

@@ -93,7 +93,8 @@ class Cadence:
     when ``checkpoint_last`` (the run's :class:`~lmrepro.checkpoints.Checkpoints` answers when
     one is due); an evaluation every ``eval_every`` steps before the last (0: none; the final
     model is evaluated by the trainer) and after the step counts in ``eval_at``; a step record
-    every ``log_every`` steps and for the last step."""
+    every ``log_every`` steps and for the last step; a checkpoint kept out of the rotation after
+    each step count in ``keep_at`` (:class:`~lmrepro.checkpoints.Checkpoints`' ``keep``)."""
 
     steps: int
     checkpoint_every: int = 0
@@ -101,6 +102,7 @@ class Cadence:
     eval_every: int = 0
     log_every: int = 1
     eval_at: frozenset[int] = frozenset()
+    keep_at: frozenset[int] = frozenset()
 
     def eval_due(self, done: int) -> bool:
         """Every ``eval_every`` steps, and after each count of steps in ``eval_at``, before
@@ -142,7 +144,7 @@ class Run:
         self.lr, self.cadence = schedule, cadence
         self.checkpoints = Checkpoints(self.out_dir, identity, cadence.steps,
                                        cadence.checkpoint_every, cadence.checkpoint_last,
-                                       place.world_size)
+                                       place.world_size, cadence.keep_at)
         self.tokens_per_step, self.place = tokens_per_step, place
         self.sampler = sampler if sampler is not None else MemorySampler()
         self.records: list[dict[str, Any]] = []

@@ -166,3 +166,55 @@ def multiplier_table(curves: Mapping[str, Mapping[int, Curve]], baseline: str, f
         for r in multiplier_rows(base, curves[name], targets, confidence):
             rows.append({"candidate": name, "baseline": baseline, **r})
     return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# final loss against training length: the multiplier at equal final loss
+# ------------------------------------------------------------------------------------------------
+def steps_at_final_loss(steps: Sequence[int], losses: Sequence[float], target: float
+                        ) -> float | None:
+    """The training length at which a final-loss curve (each point a whole run's final loss, its
+    decay included, against its total steps, increasing) reaches ``target``: linearly
+    interpolated in log(steps) between the two runs around the first crossing. None when the
+    target lies outside the curve: above its shortest run's loss or below every loss it reaches
+    (not measured: never extrapolated)."""
+    if not len(losses) or target > losses[0]:
+        return None
+    return crossing(steps, losses, target)
+
+
+def equal_final_loss_rows(base: Mapping[int, Curve], cand: Mapping[int, Curve],
+                          confidence: float = 0.95) -> list[dict[str, Any]]:
+    """Per training length of the candidate's final-loss curves (``cand``: seed -> (total
+    steps, final losses), the same lengths in every seed), paired by seed with the baseline's
+    (``base``): the steps the baseline's curve needs for the candidate's final loss
+    (:func:`steps_at_final_loss`), and the multiplier ``candidate steps / baseline steps`` with
+    its t interval over the seeds (:func:`log_interval`). A length whose final loss lies
+    outside the baseline's curve in any seed is ``measured: False`` (``outside`` counts those
+    seeds) and has no multiplier: a mean over the seeds that happen to fall inside would be
+    chosen by the outcome."""
+    seeds = sorted(set(base) & set(cand))
+    if not seeds:
+        return []
+    lengths = [int(n) for n in cand[seeds[0]][0]]
+    for s in seeds:
+        if [int(n) for n in cand[s][0]] != lengths:
+            raise ValueError(f"seed {s}'s final-loss curve has lengths {list(cand[s][0])}, "
+                             f"seed {seeds[0]}'s {lengths}: every seed needs the same lengths")
+    rows = []
+    for i, n in enumerate(lengths):
+        finals = [float(cand[s][1][i]) for s in seeds]
+        found = [steps_at_final_loss(*base[s], y) for s, y in zip(seeds, finals)]
+        logs = [math.log(n / b) for b in found if b is not None]
+        outside = sum(b is None for b in found)
+        row: dict[str, Any] = {"candidate_steps": n, "candidate_final": float(np.mean(finals)),
+                               "seeds": len(seeds), "outside": outside, "measured": not outside,
+                               "baseline_steps": math.nan, "multiplier": math.nan,
+                               "lower": math.nan, "upper": math.nan,
+                               "per_seed": [math.exp(v) for v in logs]}
+        if not outside:
+            mean, low, high = log_interval(logs, confidence)
+            row.update(baseline_steps=float(np.mean([b for b in found if b is not None])),
+                       multiplier=mean, lower=low, upper=high)
+        rows.append(row)
+    return rows

@@ -59,6 +59,11 @@ class ScapeConfig(TrainingConfig):
                                "(a loss curve for steps-to-target); the final model is always "
                                "scored")
 
+    keep_checkpoints_at: list[int] = Field(default_factory=list, description="step counts "
+                                           "after which a checkpoint is kept out of the "
+                                           "rotation, in OUT/kept_checkpoints/ (a stable "
+                                           "run's branch points: lmrepro.scape.study.branches)")
+
     dense_steps: int = Field(default=0, ge=0, description="sparse methods (SCAPE, top-k): "
                              "dense steps before the sparsity schedule starts")
     sparsity_start: float = Field(default=0.0, ge=0.0, lt=1.0, description="sparse methods: "
@@ -80,18 +85,28 @@ class ScapeConfig(TrainingConfig):
 
     @model_validator(mode="after")
     def _eval_points(self) -> ScapeConfig:
-        pts = self.eval_at
-        if pts and (sorted(set(pts)) != pts or pts[0] < 1 or pts[-1] >= self.steps):
-            raise field_error("eval_at", pts, f"must be distinct step counts in [1, "
-                              f"{self.steps - 1}] (below steps = {self.steps}), increasing")
+        for name in ("eval_at", "keep_checkpoints_at"):
+            pts = getattr(self, name)
+            if pts and (sorted(set(pts)) != pts or pts[0] < 1 or pts[-1] >= self.steps):
+                raise field_error(name, pts, f"must be distinct step counts in [1, "
+                                  f"{self.steps - 1}] (below steps = {self.steps}), increasing")
         return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """As :meth:`Section.to_dict`, without ``keep_checkpoints_at`` when it is empty: keeping
+        checkpoints changes no number, so the identities of runs made before the setting
+        existed (points, checkpoints, summaries) stay as they were."""
+        out = super().to_dict()
+        if not out.get("keep_checkpoints_at"):
+            out.pop("keep_checkpoints_at", None)
+        return out
 
 
 #: Settings added after runs were published, left out of records at these defaults
 NEWER_DEFAULTS: dict[str, Any] = {"precision": "fp32", "compile": False}
 
 #: Settings a resumed run may change (they do not change the numbers).
-RESUME_FREE = ("timeout_s", "threads", "device", "checkpoint_every")
+RESUME_FREE = ("timeout_s", "threads", "device", "checkpoint_every", "keep_checkpoints_at")
 
 
 class ScapeRun(Section):
@@ -244,6 +259,21 @@ class ScalingContrast(Section):
     isolates: str = Field(default="", description="what the two runs differ in, in words")
 
 
+class BranchStudy(Section):
+    """The ``scape.scaling.branches`` section: decay branches from the stable phase of the
+    verdict point's runs (:mod:`lmrepro.scape.study.branches`), so each has a curve of final
+    loss against training length."""
+
+    key: ClassVar[str] = "scape.scaling.branches"
+
+    runs: list[str] = Field(min_length=1, description="the verdict size's runs that branch "
+                            "(each from its verdict-seed runs)")
+    first_fraction: float = Field(default=0.1, gt=0.0, lt=1.0, description="the first branch "
+                                  "point, a fraction of the verdict length (after the warm-ups)")
+    points: int = Field(default=7, ge=2, description="branch points, log-spaced from the first "
+                        "to the start of the stable run's decay")
+
+
 class ScalingStudy(Section):
     """The ``scape.scaling`` section (see the module docstring)."""
 
@@ -280,6 +310,8 @@ class ScalingStudy(Section):
                               "many log-spaced step counts along each run, from 1 % of it to "
                               "the start of its lr decay (wsd) or its end (steps-to-target; "
                               "0: the final model only)")
+    branches: BranchStudy | None = Field(default=None, description="decay branches from the "
+                                         "verdict point's stable phase (wsd); null: none")
     reuse_sweep_seed: bool = Field(default=False, description="the sweep's seed is a verdict "
                                    "seed: that seed's verdict runs are the sweep's winners "
                                    "(tuned on the validation split, judged on the test split) "
@@ -298,6 +330,7 @@ class ScalingStudy(Section):
             if ab.name in names:
                 raise field_error(f"ablations[{i}].name", ab.name, "must differ from the runs'")
         for where, listed in (("sweep_runs", self.sweep_runs),
+                              ("branches.runs", self.branches.runs if self.branches else []),
                               *((f"contrasts[{i}]", [c.candidate, c.baseline])
                                 for i, c in enumerate(self.contrasts))):
             if not set(listed) <= names:

@@ -1,7 +1,9 @@
 """Steps to target in SCAPE's training-length study: the loss curves each run records along its
 stable phase (``scape.scaling.curve_points`` under a ``wsd`` schedule) read as compute
 multipliers against dense AdamS (:mod:`lmrepro.pipeline.steps_to_target`), and the figures
-that show them."""
+that show them; with decay branches (``scape.scaling.branches``,
+:mod:`lmrepro.scape.study.branches`), each run's final loss against its training length and the
+multiplier at equal final loss, the study's headline where branches exist."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from lmrepro.pipeline.runs import load_run
-from lmrepro.pipeline.steps_to_target import (Curve, end_multiplier, final_loss_multiplier,
-                                              multiplier_table)
+from lmrepro.pipeline.steps_to_target import (Curve, end_multiplier, equal_final_loss_rows,
+                                              final_loss_multiplier, multiplier_table)
 
 BASELINE = "adams"
 
@@ -200,3 +202,125 @@ def final_short(r: Any) -> str:
 
 def _num(x: Any) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.2f}"
+
+
+# ------------------------------------------------------------------------------------------------
+# decay branches: final loss against training length (lmrepro.scape.study.branches)
+# ------------------------------------------------------------------------------------------------
+def final_curves(branches: pd.DataFrame) -> dict[str, dict[str, dict[int, Curve]]]:
+    """Per model size: run name -> seed -> (total steps, final test bits/byte) of its decay
+    branches (rows of ``branches/`` as :func:`lmrepro.scape.study.report.study_runs` reads
+    them), on the lengths every seed of the run has (an interrupted study compares like with
+    like)."""
+    out: dict[str, dict[str, dict[int, Curve]]] = {}
+    done = branches[branches.test_bpb.notna()] if len(branches) else branches
+    for (size, name), g in done.groupby(["size", "run"], sort=True) if len(done) else []:
+        by_seed = {int(seed): dict(zip(s.steps.astype(int), s.test_bpb.astype(float)))
+                   for seed, s in g.groupby("seed")}
+        common = sorted(set.intersection(*(set(v) for v in by_seed.values())))
+        if common:
+            out.setdefault(size, {})[name] = {
+                seed: (common, [v[n] for n in common]) for seed, v in sorted(by_seed.items())}
+    return out
+
+
+def equal_final_table(branches: pd.DataFrame) -> pd.DataFrame:
+    """Per size, candidate and training length: the multiplier at equal final loss against
+    dense AdamS's final-loss curve (:func:`lmrepro.pipeline.steps_to_target.equal_final_loss_rows`:
+    interpolated per seed in log steps, a t interval over seeds, 'not measured' outside
+    AdamS's curve)."""
+    rows = []
+    for size, curves in final_curves(branches).items():
+        if BASELINE not in curves:
+            continue
+        for name in sorted(curves):
+            if name != BASELINE:
+                rows += [{"size": size, "candidate": name, "baseline": BASELINE, **r}
+                         for r in equal_final_loss_rows(curves[BASELINE], curves[name])]
+    return pd.DataFrame(rows)
+
+
+def equal_final_headline(table: pd.DataFrame) -> pd.DataFrame:
+    """Per size and candidate, the row of its longest training length: the headline."""
+    if not len(table):
+        return table
+    return table.sort_values("candidate_steps").groupby(["size", "candidate"]).tail(1) \
+        .reset_index(drop=True)
+
+
+def equal_final_text(r: Any) -> str:
+    """One row of :func:`equal_final_table` in words."""
+    if not r.measured:
+        return (f"{r.candidate}'s final test loss after {r.candidate_steps} steps with its decay "
+                f"({r.candidate_final:.3f} bits/byte) lies outside dense AdamS's final-loss "
+                f"curve in {r.outside} of {r.seeds} seeds: not measured (not extrapolated)")
+    return (f"{r.candidate} reaches after {r.candidate_steps} steps with its decay the final test "
+            f"loss ({r.candidate_final:.3f} bits/byte) that dense AdamS reaches, with its own "
+            f"decay, after {r.baseline_steps:.0f} steps: {r.multiplier:.2f}x "
+            f"[{_num(r.lower)}, {_num(r.upper)}] AdamS's steps ({r.seeds} seeds, decay "
+            "branches, 95 % t interval)")
+
+
+def equal_final_short(r: Any) -> str:
+    """One row of :func:`equal_final_table` in a few words (the claims' measured text)."""
+    if not r.measured:
+        return "not measured: its final loss lies outside dense AdamS's final-loss curve"
+    return (f"{r.multiplier:.2f}x [{_num(r.lower)}, {_num(r.upper)}] dense AdamS's steps for the "
+            f"same final loss ({r.seeds} seeds, decay branches)")
+
+
+def final_curves_figure(curves: Mapping[str, Mapping[int, Curve]], table: pd.DataFrame,
+                        colours: Mapping[str, str], title: str) -> Figure:
+    """Left: final test loss against training length (each decay branch; a line per seed);
+    right: the multiplier at equal final loss against dense AdamS with its interval, the
+    lengths not measured marked on the 1x line."""
+    fig = Figure(figsize=(11, 4.5))
+    left, right = fig.subplots(1, 2)
+    for name in sorted(curves):
+        for i, (_seed, (steps, losses)) in enumerate(sorted(curves[name].items())):
+            left.plot(steps, losses, "o-", ms=3, color=colours.get(name), alpha=0.8,
+                      label=name if i == 0 else None)
+    left.set_xscale("log")
+    left.set_xlabel("training length, steps (stable phase + a decay of 10 % of it)")
+    left.set_ylabel("final test bits/byte")
+    left.set_title(title)
+    for name, g in table.groupby("candidate", sort=True) if len(table) else []:
+        col = colours.get(name)
+        m = g[g.measured]
+        right.plot(m.candidate_steps, m.multiplier, "o-", color=col, label=f"{name} / dense AdamS")
+        right.fill_between(m.candidate_steps, m.lower, m.upper, color=col, alpha=0.2)
+        out = g[~g.measured]
+        if len(out):
+            right.plot(out.candidate_steps, [1.0] * len(out), "x", color=col, ms=9,
+                       label=f"{name}: not measured (outside AdamS's curve)")
+    right.axhline(1.0, color="black", lw=0.8)
+    right.set_xscale("log")
+    right.set_xlabel("the candidate's training length, steps")
+    right.set_ylabel("steps / dense AdamS's steps for the same final loss")
+    right.set_title("Multiplier at equal final loss (95 % t interval over seeds)")
+    for ax in (left, right):
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def equal_final_lines(table: pd.DataFrame | None) -> list[str]:
+    """The README's table of the multiplier at equal final loss (none without branches)."""
+    if table is None or not len(table):
+        return []
+    lines = ["Multiplier at equal final loss (the headline; test split, 95 % t interval over "
+             "seeds): each run's decay branches give its final loss against training length "
+             "(a branch at s steps of the stable phase decays over round(0.1 s) more); per "
+             "seed, dense AdamS's final-loss curve is interpolated in log steps at the "
+             "candidate's final loss. A loss outside AdamS's curve in any seed is not "
+             "measured (never extrapolated).", "",
+             "| size | candidate | steps | final bits/byte | dense AdamS steps | multiplier | "
+             "[low, high] | seeds | outside |", "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    for r in table.itertuples():
+        m = (f"{r.multiplier:.2f} | [{_num(r.lower)}, {_num(r.upper)}]" if r.measured
+             else "not measured | ")
+        base = f"{r.baseline_steps:.0f}" if r.measured else ""
+        lines.append(f"| {r.size} | {r.candidate} | {r.candidate_steps} | "
+                     f"{r.candidate_final:.3f} | {base} | {m} | {r.seeds} | {r.outside} |")
+    return [*lines, ""]

@@ -174,23 +174,27 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfi
     tables["contrasts"] = mechanism.contrast_table(runs, contrasts, *verdict, stats)
     tables["mechanism_diagnostics"] = mechanism.diagnostics_table(runs, *verdict)
     tables.update(horizon.multiplier_tables(runs, floor))
+    branches = length_study.study_runs(stage_dir, RUN_COLUMNS, _details, ("branches",))
+    tables["equal_final_multiplier"] = horizon.equal_final_table(branches)
 
     def analysis(t: Mapping[str, pd.DataFrame]) -> Any:
         if not len(at_point(runs, *verdict)):
             return None
         return with_multipliers(verdict_records(runs, *verdict, stats, floors, leave_out),
-                                t["final_multiplier"])
+                                t["final_multiplier"], t["equal_final_multiplier"])
 
     return length_study.write_analysis(
         stage_dir, out_dir, STAGE, tables, verdict, floor, analysis=analysis,
         readme=lambda t, sweep: readme_markdown(t, sweep, verdict, floor),
-        figures=lambda: _figures(runs, gaps, tables, floor, verdict))
+        figures=lambda: _figures(runs, gaps, tables, floor, verdict, branches))
 
 
 def _figures(runs: pd.DataFrame, gaps: pd.DataFrame, tables: Mapping[str, pd.DataFrame],
-             floor: Mapping[str, Any] | None, verdict: tuple[str, int]) -> dict[str, Any]:
+             floor: Mapping[str, Any] | None, verdict: tuple[str, int],
+             branches: pd.DataFrame) -> dict[str, Any]:
     """The study's figures: the gaps and curves (:func:`lmrepro.scape.study.plots.figures`), the
-    verdict point's stable-phase curves and the steps-to-target multipliers."""
+    verdict point's stable-phase curves, the steps-to-target multipliers and, with decay
+    branches, the final loss against training length and the multiplier at equal final loss."""
     from lmrepro.scape.study import horizon, plots
 
     figures = plots.figures(runs, gaps, floor, verdict)
@@ -202,30 +206,42 @@ def _figures(runs: pd.DataFrame, gaps: pd.DataFrame, tables: Mapping[str, pd.Dat
     if len(tables["multiplier"]):
         figures["multiplier"] = horizon.multiplier_figure(tables["multiplier"], floor,
                                                           plots.COLOURS)
+    finals = horizon.final_curves(branches).get(verdict[0])
+    if finals:
+        equal = tables["equal_final_multiplier"]
+        figures["final_loss_multiplier"] = horizon.final_curves_figure(
+            finals, equal[equal["size"] == verdict[0]] if len(equal) else equal, plots.COLOURS,
+            f"Final test loss against training length, {verdict[0]} (decay branches)")
     return figures
 
 
-def with_multipliers(records: Any, ends: pd.DataFrame) -> Any:
+def with_multipliers(records: Any, ends: pd.DataFrame, equal: pd.DataFrame | None = None
+                     ) -> Any:
     """The verdict point's records with each sparse run's steps-to-target multiplier for its
-    final loss against dense AdamS (``final_multiplier`` of
-    :func:`lmrepro.scape.study.horizon.multiplier_tables`) on its comparison with AdamS: in a few
-    words beside the gap (``steps_to_target``, the claims' measured text), in full among the
-    caveats."""
+    final loss against dense AdamS on its comparison with AdamS: in a few words beside the gap
+    (``steps_to_target``, the claims' measured text), in full among the caveats. The
+    multiplier at equal final loss from decay branches (``equal``, its longest length:
+    :func:`lmrepro.scape.study.horizon.equal_final_headline`) where the run has branches, else
+    the constant-lr lower bound (``final_multiplier`` of
+    :func:`lmrepro.scape.study.horizon.multiplier_tables`)."""
     from lmrepro.scape.study import horizon
 
-    if not len(ends):
+    heads = horizon.equal_final_headline(equal) if equal is not None else pd.DataFrame()
+    words = {r.candidate: (horizon.final_text(r), horizon.final_short(r))
+             for r in ends.itertuples()} if len(ends) else {}
+    words.update({r.candidate: (horizon.equal_final_text(r), horizon.equal_final_short(r))
+                  for r in heads.itertuples()} if len(heads) else {})
+    if not words:
         return records
-    by_name = {r.candidate: r for r in ends.itertuples()}
     out = []
     for c in records.comparisons:
         name = c.candidate_runs[0].rsplit("/", 1)[-1] if c.candidate_runs else ""
-        r = by_name.get(name)
-        if r is None or c.baseline_method != "adams":
+        if name not in words or c.baseline_method != "adams":
             out.append(c)
             continue
-        text = "steps to target: " + horizon.final_text(r)
-        out.append(c.model_copy(update={"caveats": [*c.caveats, text],
-                                        "steps_to_target": horizon.final_short(r)}))
+        text, short = words[name]
+        out.append(c.model_copy(update={"caveats": [*c.caveats, "steps to target: " + text],
+                                        "steps_to_target": short}))
     return records.model_copy(update={"comparisons": out})
 
 
@@ -293,6 +309,8 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                     verdict: tuple[str, int], floor: Mapping[str, Any] | None) -> str:
     """The README's section on the study, from its tables only (links under
     :data:`lmrepro.pipeline.length_study.LINK_BASE`)."""
+    from lmrepro.scape.study import horizon
+
     gaps, trend_t = tables["gaps"], tables["trend"]
     lines = [report_links("11_analysis_scaling", STAGE), ""]
     if floor is not None:
@@ -348,6 +366,7 @@ def readme_markdown(tables: Mapping[str, pd.DataFrame], sweep: Mapping[str, Any]
                          f"[{_pct(r.slope_low)}, {_pct(r.slope_high)}] | "
                          f"{r.lack_of_fit_F:.3g} | {r.lack_of_fit_p:.2g} | {ext} |")
         lines.append("")
+    lines += horizon.equal_final_lines(tables.get("equal_final_multiplier"))
     lines += _multiplier_lines(tables.get("multiplier"))
     abl = tables.get("ablations")
     if abl is not None and len(abl):
@@ -405,6 +424,10 @@ def summary_sentences(tables: Mapping[str, pd.DataFrame], verdict: tuple[str, in
             out.append(f"A straight line in log(steps) fails its lack-of-fit test for "
                        f"{len(rejected)} of {len(trend_t)} series (p < 0.05): the gaps are not a "
                        "trend, and none is extrapolated.")
+    equal = tables.get("equal_final_multiplier")
+    if equal is not None and len(equal):
+        out += [horizon.equal_final_text(r) + "."
+                for r in horizon.equal_final_headline(equal).itertuples()]
     out += horizon.describe(*(tables.get(k, pd.DataFrame()) for k in (
         "multiplier", "end_multiplier", "final_multiplier")))
     out += mechanism.describe(tables.get("contrasts", pd.DataFrame()))

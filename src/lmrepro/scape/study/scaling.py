@@ -51,12 +51,15 @@ from lmrepro.results import SUMMARY
 from lmrepro.rundirs import prepare_runs_dir, run_path, seed_dir
 from lmrepro.scape.config import (ScalingAblation, ScalingStudy, ScapeConfig, ScapeRun,
                                   ScapeSuite)
+from lmrepro.scape.study.branches import branch_points, branch_settings, run_branch
 from lmrepro.scape.train.launch import run_scape_suite
 
 log = logging.getLogger(__name__)
 
 #: the worker-count study's folder in the stage directory
 WORKERS = "workers"
+#: the decay branches' folder in the stage directory (:mod:`lmrepro.scape.study.branches`)
+BRANCHES = "branches"
 
 
 def scaled_settings(base: ScapeConfig, steps: int, warmup_fraction: float,
@@ -156,8 +159,23 @@ class ScapeStudy:
         return [self._point(p.kind, p.size, p.steps, p.runs, self.settings(p.steps), p.seeds)
                 for p in points]
 
+    def branch_points(self) -> list[int]:
+        """The verdict point's branch points (``branches``; none without)."""
+        s = self.study
+        if s.branches is None:
+            return []
+        return branch_points(s.verdict_steps, self.base.decay_fraction,
+                             round(s.branches.first_fraction * s.verdict_steps),
+                             s.branches.points)
+
+    def _keeps(self, kind: str, size: str, steps: int) -> bool:
+        s = self.study
+        return kind == "runs" and s.branches is not None and \
+            (size, steps) == (s.verdict_size, s.verdict_steps)
+
     def extras(self, verdict_runs: list[ScapeRun]) -> dict[str, Path]:
-        """The ablations at the verdict point, each varying one run of ``verdict_runs``."""
+        """The ablations at the verdict point, each varying one run of ``verdict_runs``, then
+        the decay branches of its stable runs (``branches``)."""
         s = self.study
         out: dict[str, Path] = {}
         for ab in s.ablations:
@@ -168,16 +186,45 @@ class ScapeStudy:
                                {"ablation": ab.to_dict()})
             out.update({f"ablation/{d.relative_to(self.stage / kind)}": d
                         for d in dirs.values()})
+        if s.branches is not None:
+            out.update(self._branches(verdict_runs))
+        return out
+
+    def _branches(self, verdict_runs: list[ScapeRun]) -> dict[str, Path]:
+        """Each branch point of each branching run and verdict seed: the branch at ``at`` in
+        ``<stage>/branches/<size>/L<at + decay>/seed<N>/<run>/`` (its folder named by its total
+        length, as a point of its own), point by point, so an interrupted study has every run's
+        shortest branches first."""
+        s = self.study
+        assert s.branches is not None
+        size, steps = s.verdict_size, s.verdict_steps
+        stable = self.settings(steps).replace(keep_checkpoints_at=self.branch_points())
+        runs = [r for r in verdict_runs if r.run_name in s.branches.runs]
+        parents = self.stage / "runs" / size / f"L{steps}"
+        out: dict[str, Path] = {}
+        for at in self.branch_points():
+            total = branch_settings(stable, at).steps
+            root = prepare_runs_dir(self.stage / BRANCHES / size / f"L{total}", self._identity(
+                size, runs, stable, {"branch_point": at, "stable_steps": steps}))
+            for seed in s.verdict_seeds:
+                for run in runs:
+                    d = run_branch(self.corpus_dir, run_path(parents, seed, run.run_name),
+                                   run_path(root, seed, run.run_name), stable, run,
+                                   s.sizes[size], at, self.world, seed=seed, corpus=self.corpus)
+                    out[f"branch/{d.relative_to(self.stage / BRANCHES)}"] = d
         return out
 
     def _point(self, kind: str, size: str, steps: int, runs: list[ScapeRun],
                settings: ScapeConfig, seeds: list[int], extra: dict[str, Any] | None = None
                ) -> RunDirs:
         model = self.study.sizes[size]
+        if self._keeps(kind, size, steps):      # the stable runs the branches start from
+            settings = settings.replace(keep_checkpoints_at=self.branch_points())
         root = prepare_runs_dir(self.stage / kind / size / f"L{steps}",
                                 self._identity(size, runs, settings, extra))
-        if kind == "runs" and self.study.reuse_sweep_seed and \
-                (size, steps) == (self.study.verdict_size, self.study.verdict_steps):
+        # a sweep run kept no branch-point checkpoints: with branches, the verdict runs train
+        if kind == "runs" and self.study.reuse_sweep_seed and not settings.keep_checkpoints_at \
+                and (size, steps) == (self.study.verdict_size, self.study.verdict_steps):
             self._reuse_winners(root, runs)
         out: RunDirs = {}
         for seed in seeds:

@@ -208,7 +208,8 @@ def train_simulated(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: 
                       backend="local-threads", timeout_s=cfg.timeout_s)
     identity = {**run_identity(cfg, run, mcfg, target, workers), "engine": ENGINE}
     with Run(out, identity, Schedule.of(cfg, run.lr_or(cfg.lr)),
-             Cadence(cfg.steps, cfg.checkpoint_every, eval_at=frozenset(cfg.eval_at)),
+             Cadence(cfg.steps, cfg.checkpoint_every, eval_at=frozenset(cfg.eval_at),
+                     keep_at=frozenset(cfg.keep_checkpoints_at)),
              cfg.batch_size * mcfg.context * workers,
              sampler=MemorySampler(children=False), place=Place(0, 1, None)) as harness:
         if harness.finished():

@@ -186,7 +186,8 @@ def _harness(cfg: ScapeConfig, run: ScapeRun, mcfg: ModelConfig, target: RunTarg
 
     return Run(target.out, run_identity(cfg, run, mcfg, target, ctx.world_size),
                Schedule.of(cfg, run.lr_or(cfg.lr)),
-               Cadence(cfg.steps, cfg.checkpoint_every, eval_at=frozenset(cfg.eval_at)),
+               Cadence(cfg.steps, cfg.checkpoint_every, eval_at=frozenset(cfg.eval_at),
+                     keep_at=frozenset(cfg.keep_checkpoints_at)),
                cfg.batch_size * mcfg.context * ctx.world_size,
                sampler=MemorySampler(children=False),     # this worker; rank 0 adds them up
                place=Place(ctx.rank, ctx.world_size, barrier))
