@@ -74,9 +74,9 @@ class ScapeConfig(TrainingConfig):
 
 
     def to_dict(self) -> dict[str, Any]:
-        """As :meth:`Section.to_dict`, without ``precision`` and ``compile`` at their defaults
-        (fp32, eager): the identities and records of the runs trained before they existed stay
-        the same, so those runs are kept."""
+        """As :meth:`Section.to_dict`, without the settings of :data:`NEWER_DEFAULTS` at their
+        defaults (fp32, eager, no kept checkpoints): the identities and records of the runs
+        trained before they existed stay the same, so those runs are kept."""
         out = super().to_dict()
         for name, default in NEWER_DEFAULTS.items():
             if out.get(name) == default:
@@ -92,18 +92,11 @@ class ScapeConfig(TrainingConfig):
                                   f"{self.steps - 1}] (below steps = {self.steps}), increasing")
         return self
 
-    def to_dict(self) -> dict[str, Any]:
-        """As :meth:`Section.to_dict`, without ``keep_checkpoints_at`` when it is empty: keeping
-        checkpoints changes no number, so the identities of runs made before the setting
-        existed (points, checkpoints, summaries) stay as they were."""
-        out = super().to_dict()
-        if not out.get("keep_checkpoints_at"):
-            out.pop("keep_checkpoints_at", None)
-        return out
-
 
 #: Settings added after runs were published, left out of records at these defaults
-NEWER_DEFAULTS: dict[str, Any] = {"precision": "fp32", "compile": False}
+NEWER_DEFAULTS: dict[str, Any] = {"precision": "fp32", "compile": False,
+                                   # keeping checkpoints changes no number
+                                   "keep_checkpoints_at": []}
 
 #: Settings a resumed run may change (they do not change the numbers).
 RESUME_FREE = ("timeout_s", "threads", "device", "checkpoint_every", "keep_checkpoints_at")

@@ -21,8 +21,8 @@ Order (one call resumes where an interrupted one stopped; a finished run is neve
 Run directories: ``<stage>/sweep/W<w>/seed<s>/<run>@lr<lr>/`` and
 ``<stage>/runs/W<w>/seed<s>/<run>/``; each holds ``job.json`` (what it was trained with): a
 finished run whose job differs from the one asked for is an error, never silently reused.
-``<stage>/sweep/sweep.json`` lists every sweep run, its validation and test loss and the winners. The
-analysis is :mod:`lmrepro.scape.study.workers_report`.
+``<stage>/sweep/sweep.json`` lists every sweep run, its validation and test loss and the
+winners. The analysis is :mod:`lmrepro.scape.study.workers_report`.
 """
 
 from __future__ import annotations
