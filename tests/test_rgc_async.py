@@ -123,15 +123,18 @@ def test_async_equals_sync_for_each_horizon_and_placement(horizon: int,
 
 def reference_sum_of_local_losses(c: RGCConfig, delays: list[int] | None = None,
                                    staleness: int = 0) -> dict[str, torch.Tensor]:
-    """Independent of lmrepro.rgc.core.stages: every stage learns from backprop of sum_k L_k through
-    the whole model (``model(x, return_hidden=True)``), the decoder from the mean of the L_k
-    (the consensus), with the executors' optimizers, schedule and batches. ``delays[k]``: stage
-    k applies at step t the gradient computed at step t - delays[k] (none before); the decoder
-    its gradient ``staleness`` steps late (running ahead, docs/rgc.md)."""
+    """Independent of lmrepro.rgc.core.stages: every stage learns from backprop of sum_k w_k L_k
+    through the whole model (``model(x, return_hidden=True)``; w_k = ``c.local_loss_weight``
+    below the last stage, 1 for it), the decoder from the weighted mean of the L_k (the
+    consensus: the same gradient over sum_k w_k), with the executors' optimizers, schedule and
+    batches. ``delays[k]``: stage k applies at step t the gradient computed at step t -
+    delays[k] (none before); the decoder its gradient ``staleness`` steps late (running ahead,
+    docs/rgc.md)."""
     model = build_model(c, 0)
     opts = make_optimizers(model, c)
     gen = batches_offset(0)
     ends = [(k + 1) * c.layers_per_stage - 1 for k in range(c.n_stages)]
+    weights = [c.local_loss_weight] * (c.n_stages - 1) + [1.0]
     names = [n for n, _ in model.named_parameters()]
     params = dict(model.named_parameters())
 
@@ -148,10 +151,11 @@ def reference_sum_of_local_losses(c: RGCConfig, delays: list[int] | None = None,
         now = {n: torch.zeros_like(p) for n, p in params.items()}
         for xm, ym in micro_batches(x, y, c.micro_batches):
             _, hidden = model(xm, return_hidden=True)
-            total = sum(lm_loss(model.decoder(hidden[e]), ym) for e in ends) / c.micro_batches
+            total = sum(w * lm_loss(model.decoder(hidden[e]), ym)
+                        for w, e in zip(weights, ends)) / c.micro_batches
             grads = torch.autograd.grad(total, [params[n] for n in names], retain_graph=True)
             for n, g in zip(names, grads):
-                now[n] += g / c.n_stages if n.startswith("decoder.") else g
+                now[n] += g / sum(weights) if n.startswith("decoder.") else g
         history.append(now)
         for n, p in params.items():
             due = step - delay_of(n)
@@ -167,6 +171,27 @@ def test_async_full_horizon_is_global_backprop_of_the_summed_local_losses() -> N
     ref = reference_sum_of_local_losses(c)
     for n, v in ref.items():
         torch.testing.assert_close(a.final_state[n], v, rtol=1e-4, atol=1e-5, msg=n)
+
+
+@pytest.mark.parametrize("horizon, weight", [
+    (4, 0.0),         # H = K, only the model's own loss: global backprop (the reference)
+    (4, 0.3),         # H = K, the intermediate losses weighted (the reference)
+    (2, 0.3),         # H = 2: weighted readout gradients in the grouped backward
+])
+def test_weighted_local_losses_async_equals_sync(horizon: int, weight: float) -> None:
+    """rgc.local_loss_weight: each stage's readout scaled by its weight on its worker, the
+    consensus the all-reduced sum over sum_k w_k; the same run as sync, and at H = K the
+    independent reference of sum_k w_k L_k."""
+    c = four(horizon=horizon, stages_per_worker=[2, 2], local_loss_weight=weight)
+    a = train(c, "async", TRAIN, VAL)
+    assert_same_run(a, train(c, "sync", TRAIN, VAL))
+    if horizon == c.n_stages:
+        ref = reference_sum_of_local_losses(c)
+        for n, v in ref.items():
+            torch.testing.assert_close(a.final_state[n], v, rtol=1e-4, atol=1e-5, msg=n)
+    unweighted = train(c.replace(local_loss_weight=1.0), "sync", TRAIN, VAL)
+    assert not torch.allclose(unweighted.final_state["blocks.0.attn.qkv.weight"],
+                              a.final_state["blocks.0.attn.qkv.weight"])
 
 
 def test_stale_consensus_equals_sync_and_resumes_bit_identically(tmp_path: Path) -> None:

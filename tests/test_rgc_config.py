@@ -39,6 +39,9 @@ def with_rgc(tmp_path: Path, **rgc: object) -> Path:
     ({"backprop_threads": 4}, "rgc.backprop_threads", "must fit cores = 2"),
     ({"horizon": 5}, "rgc.horizon", "must be an integer in [1, n_stages = 4]"),
     ({"horizon": 0}, "rgc.horizon", "greater than or equal to 1"),
+    ({"local_loss_weight": -0.5}, "rgc.local_loss_weight", "greater than or equal to 0"),
+    ({"local_loss_weight": 0.0}, "rgc.local_loss_weight",
+     "must be > 0 at horizon 1 < n_stages = 4"),
 ])
 def test_validate_refuses_bad_placements_with_key_path_value_and_rule(
         tmp_path: Path, rgc: dict, key: str, needle: str) -> None:

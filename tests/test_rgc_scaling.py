@@ -306,6 +306,31 @@ def test_a_run_sets_its_own_horizon_and_a_run_that_cannot_be_is_refused() -> Non
         _suite(runs=[*runs[:3], {**runs[3], "consensus_staleness": 2}], lengths={"a": [2, 4]})
 
 
+def test_a_run_sets_its_own_local_loss_weight_and_lambda_one_keeps_the_identity() -> None:
+    """rgc_lambda's runs: lambda per run (null: the section's); lambda = 1 leaves the run's
+    configuration, hence its directory's identity, as the runs trained before the setting; a
+    weight that leaves stages untrained at the run's horizon is refused naming the run."""
+    from lmrepro.rgc.study.scaling import run_config
+
+    runs = [*_study()["runs"], {"name": "rgc_H4_lambda0", "executor": "sync", "horizon": 4,
+                                "local_loss_weight": 0.0, "lr": 0.003},
+            {"name": "rgc_H4", "executor": "sync", "horizon": 4, "lr": 0.003}]
+    suite = _suite(runs=runs)
+    study = suite.scaling
+    assert study is not None
+    zero = run_config(suite.config, study.sizes["a"], study.runs[3], 1000, 0.05, 1)
+    one = run_config(suite.config, study.sizes["a"], study.runs[4], 1000, 0.05, 1)
+    assert (zero.horizon, zero.local_loss_weight, zero.to_dict()["local_loss_weight"]) == \
+        (4, 0.0, 0.0)
+    assert one.local_loss_weight == 1.0 and "local_loss_weight" not in one.to_dict()
+    assert {**zero.to_dict(), "local_loss_weight": 1.0} == {**one.to_dict(),
+                                                            "local_loss_weight": 1.0}
+    with pytest.raises(ConfigError, match=r"scaling\.runs\[3\] \(rgc_lambda0\).*"
+                       r"local_loss_weight.*0 needs horizon = n_stages"):
+        _suite(runs=[*runs[:3], {"name": "rgc_lambda0", "executor": "sync",
+                                 "local_loss_weight": 0.0, "lr": 0.003}])
+
+
 def test_the_frontier_puts_each_runs_gap_beside_the_benchmarks_throughput_at_its_h_and_s(
         prepared: Path, tmp_path: Path) -> None:
     """RGC at H = 1 and 2, lockstep and running ahead, against backprop: the frontier table

@@ -80,6 +80,11 @@ class RGCConfig(TrainingConfig):
                             "only at the end")
     timeout_s: float = Field(default=300.0, gt=0.0, description="an async worker waiting this "
                              "long on a queue or collective fails the run")
+    local_loss_weight: float = Field(
+        default=1.0, ge=0.0, allow_inf_nan=False, description="weight lambda of the "
+        "intermediate stages' local losses (the last stage's, the model's own loss, keeps "
+        "weight 1); the decoder's consensus is the readout gradients' mean weighted alike. 1: "
+        "RGC as published; 0 at horizon = n_stages: global backprop of the model's loss")
 
     @field_validator("stages_per_worker", "threads", mode="before")
     @classmethod
@@ -146,7 +151,41 @@ class RGCConfig(TrainingConfig):
                               f"{self.steps}")
         return self
 
+    @model_validator(mode="after")
+    def _every_stage_learns(self) -> RGCConfig:
+        """With lambda = 0 only the last stage's loss trains, and it reaches stages
+        ``K-H .. K-1``: below a full horizon the stages under its window would get no gradient."""
+        if self.local_loss_weight == 0 and self.horizon < self.n_stages:
+            raise field_error("local_loss_weight", self.local_loss_weight,
+                              f"must be > 0 at horizon {self.horizon} < n_stages = "
+                              f"{self.n_stages} (with 0 only the last stage's loss trains, and "
+                              f"stages 0..{self.n_stages - self.horizon - 1} would get no "
+                              "gradient); 0 needs horizon = n_stages")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """As :meth:`Section.to_dict`, without the settings added after runs were published when
+        they are at their defaults (:data:`NEWER_DEFAULTS`): the identities and records of the
+        runs trained before them stay the same, so those runs are kept."""
+        out = super().to_dict()
+        for name, default in NEWER_DEFAULTS.items():
+            if out.get(name) == default:
+                del out[name]
+        return out
+
     # -- derived ---------------------------------------------------------------------------
+    @property
+    def loss_weights(self) -> list[float]:
+        """w_k of each stage's local loss: ``local_loss_weight`` for stages 0..K-2, 1 for the
+        last stage (its readout is the model's own loss)."""
+        return [self.local_loss_weight] * (self.n_stages - 1) + [1.0]
+
+    @property
+    def consensus_divisor(self) -> float:
+        """What the sum of the stages' (weighted) readout gradients is divided by to give the
+        decoder's consensus gradient: ``sum_k w_k`` (K at lambda = 1: the plain mean)."""
+        return float(sum(self.loss_weights))
+
     @property
     def layers_per_stage(self) -> int:
         return self.model.n_layers // self.n_stages
@@ -213,6 +252,10 @@ class RGCConfig(TrainingConfig):
         return self.batch_size // self.micro_batches
 
 
+#: Settings added after runs were published, left out of records and identities at these defaults
+NEWER_DEFAULTS: dict[str, Any] = {"local_loss_weight": 1.0}
+
+
 # -- the training-length study (lmrepro.rgc.study.scaling) -----------------------------------------
 
 class RGCStudyRun(Section):
@@ -226,7 +269,15 @@ class RGCStudyRun(Section):
     horizon: int | None = Field(default=None, ge=1, description="the run's horizon H (null: "
                                 "the rgc section's)")
     consensus_staleness: int = Field(default=0, ge=0)
+    local_loss_weight: float | None = Field(default=None, ge=0.0, allow_inf_nan=False,
+                                            description="the run's weight of the intermediate "
+                                            "stages' local losses (null: the rgc section's)")
     lr: float = Field(gt=0.0)
+
+    def loss_weight_in(self, section: RGCConfig) -> float:
+        """The run's ``local_loss_weight``: its own, or ``section``'s."""
+        return section.local_loss_weight if self.local_loss_weight is None \
+            else self.local_loss_weight
 
 
 class RGCScaling(Section):
@@ -305,11 +356,13 @@ class RGCSuite(RGCConfig):
                 try:
                     RGCConfig(**base | {"model": shape, "steps": self.scaling.lengths[name][0],
                                         "horizon": run.horizon or self.horizon,
-                                        "consensus_staleness": run.consensus_staleness})
+                                        "consensus_staleness": run.consensus_staleness,
+                                        "local_loss_weight": run.loss_weight_in(self)})
                 except ValueError as err:
                     raise field_error(f"scaling.runs[{i}] ({run.name})", {
-                        "horizon": run.horizon, "consensus_staleness":
-                        run.consensus_staleness}, f"must make a valid run at size {name}: "
+                        "horizon": run.horizon, "consensus_staleness": run.consensus_staleness,
+                        "local_loss_weight": run.local_loss_weight},
+                        f"must make a valid run at size {name}: "
                         f"{str(err).splitlines()[-1].strip()}") from None
         return self
 

@@ -13,6 +13,17 @@ through the one shared decoder D (final LayerNorm + head):
 Blocks of stage j receive ``sum over k in reach of dL_k/dtheta_j`` (each local loss at full
 weight). With H = K that is global backprop of ``sum_k L_k``; in particular the part coming from
 the last stage's loss equals plain backprop of the model's own loss ``CE(D(h_L), y)``.
+
+**Weighted local losses** (``rgc.local_loss_weight`` lambda; :attr:`RGCConfig.loss_weights`):
+stage k's loss enters with weight ``w_k`` = lambda for the intermediate stages and 1 for the
+last (the model's own loss), so the blocks of stage j receive ``sum over k in reach of w_k
+dL_k/dtheta_j`` and the decoder the *weighted* mean ``sum_k w_k dL_k/dD / sum_k w_k``. The
+normalisation by ``sum_k w_k`` (rather than by K) is chosen so that lambda = 1 is the plain
+mean (RGC as published, bit-identical: the unweighted code path) and lambda = 0 at H = K is
+global backprop of the model's own loss exactly, the decoder included (dividing by K instead
+would hand the decoder 1/K of backprop's gradient: AdamW hides a constant factor up to its
+``eps``, but it is not backprop). In between the decoder follows the normalised weighted
+objective ``sum_k w_k L_k / sum_k w_k``; the stages the unnormalised one, as at lambda = 1.
 """
 
 from __future__ import annotations
@@ -99,11 +110,20 @@ def forward_stages(model: ByteTransformer, bounds: Sequence[tuple[int, int]], x:
     return hs
 
 
-def consensus_decoder_grad(per_stage_grads: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Readout-Gradient Consensus: the mean of the stages' gradients w.r.t. one decoder tensor."""
+def consensus_decoder_grad(per_stage_grads: Sequence[torch.Tensor],
+                           divisor: float | None = None) -> torch.Tensor:
+    """Readout-Gradient Consensus: the mean of the stages' gradients w.r.t. one decoder tensor;
+    with ``divisor`` (the sum of the losses' weights, when the gradients are of weighted losses)
+    their sum divided by it, the weighted mean."""
     check(len(per_stage_grads) >= 1, "per_stage_grads", len(per_stage_grads),
           "must hold at least one gradient")
-    return torch.stack([g.detach() for g in per_stage_grads]).mean(dim=0)
+    stacked = torch.stack([g.detach() for g in per_stage_grads])
+    return stacked.mean(dim=0) if divisor is None else stacked.sum(dim=0) / divisor
+
+
+def is_unweighted(weights: Sequence[float] | None) -> bool:
+    """Whether every local loss has weight 1 (``None``: unweighted)."""
+    return weights is None or all(w == 1.0 for w in weights)
 
 
 @dataclass
@@ -126,12 +146,15 @@ class LocalGrads:
 
 
 def stage_local_grads(model: ByteTransformer, bounds: Sequence[tuple[int, int]],
-                      x: torch.Tensor, y: torch.Tensor, horizon: int, scale: float = 1.0
-                      ) -> list[LocalGrads]:
+                      x: torch.Tensor, y: torch.Tensor, horizon: int, scale: float = 1.0,
+                      weights: Sequence[float] | None = None) -> list[LocalGrads]:
     """Per-stage local-loss gradients on one (micro-)batch, without touching ``.grad``.
 
-    ``scale`` multiplies every loss (``1 / micro_batches`` for gradient accumulation).
+    ``scale`` multiplies every loss (``1 / micro_batches`` for gradient accumulation), and
+    ``weights[k]`` stage k's (null: 1 each); ``LocalGrads.loss`` stays the unweighted loss.
     """
+    w = [1.0] * len(bounds) if weights is None else list(weights)
+    check(len(w) == len(bounds), "weights", w, f"must hold one weight per stage ({len(bounds)})")
     hs = forward_stages(model, bounds, x, horizon)
     dec = decoder_parameters(model)
     out: list[LocalGrads] = []
@@ -141,7 +164,7 @@ def stage_local_grads(model: ByteTransformer, bounds: Sequence[tuple[int, int]],
         names = [nm for j in window for nm in stage_parameter_names(model, bounds, j)]
         params = [p for j in window for p in stage_parameters(model, bounds, j)]
         loss = local_loss(model, hs[k], y)
-        grads = torch.autograd.grad(loss * scale, params + dec,
+        grads = torch.autograd.grad(loss * (scale * w[k]), params + dec,
                                     retain_graph=horizon > 1 and k < n - 1)
         out.append(LocalGrads(stage=k, loss=float(loss.detach()), window=window,
                               params=dict(zip(names, grads[:len(params)])),
@@ -150,19 +173,24 @@ def stage_local_grads(model: ByteTransformer, bounds: Sequence[tuple[int, int]],
 
 
 def accumulate_rgc_grads(model: ByteTransformer, bounds: Sequence[tuple[int, int]],
-                         x: torch.Tensor, y: torch.Tensor, horizon: int, scale: float = 1.0
-                         ) -> list[float]:
+                         x: torch.Tensor, y: torch.Tensor, horizon: int, scale: float = 1.0,
+                         weights: Sequence[float] | None = None) -> list[float]:
     """One RGC backward on a micro-batch: add every stage's horizon-bounded local gradients to
     the stage parameters' ``.grad`` and the consensus (mean) readout gradient to the decoder's.
-    Returns the local losses (nats) of stages 0..K-1."""
-    local = stage_local_grads(model, bounds, x, y, horizon, scale)
+    With ``weights`` (stage k's loss weighted by ``weights[k]``; the module docstring) the
+    consensus is the weighted mean; all ones (or None) take the unweighted path, so lambda = 1
+    is bit-identical to RGC without weights. Returns the local losses (nats) of stages 0..K-1."""
+    if is_unweighted(weights):
+        weights = None
+    local = stage_local_grads(model, bounds, x, y, horizon, scale, weights)
+    divisor = None if weights is None else float(sum(weights))
     named = dict(model.named_parameters())
     for lg in local:
         for name, g in lg.params.items():
             p = named[name]
             p.grad = g.clone() if p.grad is None else p.grad.add_(g)
     for i, p in enumerate(decoder_parameters(model)):
-        g = consensus_decoder_grad([lg.decoder[i] for lg in local])
+        g = consensus_decoder_grad([lg.decoder[i] for lg in local], divisor)
         p.grad = g if p.grad is None else p.grad.add_(g)
     return [lg.loss for lg in local]
 

@@ -16,7 +16,8 @@ class ConsensusQueue:
     applied at step t + s (s = 0: the same step, in lockstep), so the first s steps make no
     decoder update. Every replica applies the same gradient in the same step, so the replicas
     stay identical. An entry may still be in flight (an asynchronous all-reduce): ``finish``
-    completes it (waits, then divides by K) exactly once."""
+    completes it (waits, then divides by K, or by the sum of the local losses' weights) exactly
+    once."""
 
     def __init__(self, params: list[torch.nn.Parameter], staleness: int,
                  pending: Iterable[torch.Tensor] = ()) -> None:

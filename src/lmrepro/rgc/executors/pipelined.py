@@ -40,8 +40,9 @@ KIND = "pipelined_backprop"
 
 def pipelined_config(cfg: RGCConfig) -> RGCConfig:
     """The configuration the executor runs: ``cfg`` with the full horizon (every gradient goes
-    down to stage 0) and no consensus staleness (a flush per step)."""
-    return cfg.replace(horizon=cfg.n_stages, consensus_staleness=0)
+    down to stage 0), no consensus staleness (a flush per step) and no intermediate local loss
+    weight to record (only the last stage reads out)."""
+    return cfg.replace(horizon=cfg.n_stages, consensus_staleness=0, local_loss_weight=1.0)
 
 
 class PipelinedWorker(StageWorker):

@@ -95,7 +95,8 @@ def _step_fn(cfg: RGCConfig, model: ByteTransformer,
              opts: dict[str, torch.optim.Optimizer], consensus: ConsensusQueue,
              delay: StageGradientDelay, gen: torch.Generator, train_data: np.ndarray) -> StepFn:
     """One step: the batch in micro-batches, their gradients accumulated (each stage's local
-    losses within the horizon), then the updates; the decoder takes the consensus gradient,
+    losses within the horizon, each weighted by ``cfg.loss_weights``), then the updates; the
+    decoder takes the consensus gradient (the weighted mean),
     ``consensus_staleness`` steps late (0: now), and a stage whose async worker runs ahead its
     gradient ``stage_gradient_delays[k]`` steps late, as the async executor does. Logs every
     stage's loss; ``loss`` is the last stage's."""
@@ -110,7 +111,8 @@ def _step_fn(cfg: RGCConfig, model: ByteTransformer,
         x, y = sample_batch(train_data, cfg.batch_size, cfg.model.context, gen)
         per_micro: list[list[float]] = []
         for xm, ym in micro_batches(x, y, cfg.micro_batches):
-            per_micro.append(accumulate_rgc_grads(model, bounds, xm, ym, cfg.horizon, scale))
+            per_micro.append(accumulate_rgc_grads(model, bounds, xm, ym, cfg.horizon, scale,
+                                                  cfg.loss_weights))
         consensus.push(grads_to_flat(dec, torch.empty(sum(p.numel() for p in dec))))
         delay.shift()
         for k in range(cfg.n_stages):

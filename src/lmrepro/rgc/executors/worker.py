@@ -246,12 +246,14 @@ class StageWorker:
                       self.first - 1)
 
     def _consensus(self) -> bool:
-        """All-reduce the decoder's readout gradients (sum / K); apply the one due now."""
-        K = self.cfg.n_stages
+        """All-reduce the decoder's readout gradients (sum / K; with weighted local losses
+        sum / sum_k w_k, the weighted mean: :attr:`RGCConfig.consensus_divisor`); apply the one
+        due now."""
+        divisor = self.cfg.consensus_divisor
         flat = grads_to_flat(self.dec, torch.empty(sum(p.numel() for p in self.dec)))
         if self.cfg.consensus_staleness == 0:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            self.consensus.push(flat.div_(K))
+            self.consensus.push(flat.div_(divisor))
         else:
             work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
 
@@ -259,7 +261,7 @@ class StageWorker:
                 # waited for when the gradient is due (consensus_staleness steps later)
                 assert work is not None
                 work.wait()
-                flat.div_(K)
+                flat.div_(divisor)
 
             self.consensus.push(flat, finish=complete)
         return self.consensus.pop_into_grads()

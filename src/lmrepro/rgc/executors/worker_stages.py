@@ -99,6 +99,8 @@ class WorkerStages:
         self.bounds = stage_bounds(cfg.model.n_layers, cfg.n_stages)
         self.params = {k: stage_parameters(model, self.bounds, k) for k in self.stages}
         self.scale = 1.0 / cfg.micro_batches
+        # each stage's readout scale: 1/M times its local loss's weight (the last stage's is 1)
+        self.readout_scale = [self.scale * w for w in cfg.loss_weights]
         self.current_stage = self.stages[0]
         self.runs_ahead = cfg.runs_ahead
         self._kept: dict[tuple[int, int, int], Kept] = {}            # (step, stage, micro-batch)
@@ -163,7 +165,7 @@ class WorkerStages:
             own: dict[int, torch.Tensor] = {}
             if k in self.readouts:
                 t0 = self._clock()
-                loss, g_own = readout_backward(self.model, h, y, self.scale)
+                loss, g_own = readout_backward(self.model, h, y, self.readout_scale[k])
                 self._log(READOUT, k, step, m, t0)
                 losses.append(loss)
                 own = {window_bottom(k, self.cfg.horizon): g_own}

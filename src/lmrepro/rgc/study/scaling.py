@@ -61,13 +61,14 @@ def run_config(base: RGCConfig, shape: ModelConfig, run: RGCStudyRun, steps: int
                warmup_fraction: float, threads: int) -> RGCConfig:
     """The configuration of one study run: ``base`` with the model ``shape`` (the size's whole
     model), ``steps`` steps (lr warm-up a fraction of them, a checkpoint every quarter), the run's
-    lr, horizon (when it sets one) and staleness, ``threads`` threads for the one-process
-    executors."""
+    lr, horizon and local-loss weight (when it sets them) and staleness, ``threads`` threads for
+    the one-process executors."""
     return RGCConfig(**{**base.to_dict(), "model": shape.to_dict(), "steps": steps,
                         "warmup_steps": round(warmup_fraction * steps),
                         "checkpoint_every": max(1, steps // 4), "eval_every": 0,
                         "lr": run.lr, "consensus_staleness": run.consensus_staleness,
                         "horizon": run.horizon or base.horizon,
+                        "local_loss_weight": run.loss_weight_in(base),
                         "backprop_threads": threads})
 
 
