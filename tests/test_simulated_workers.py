@@ -246,30 +246,39 @@ def test_holm_adjusts_step_down():
     assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
 
 
-def test_gap_and_pair_tables_from_known_runs():
-    """Gaps are paired by seed and relative to AdamS; the change of a difference across W is
-    per seed; a seed missing on one side is left out."""
+def test_gap_and_pair_tables_from_known_runs(tmp_path):
+    """Gaps come from the package's paired test (per seed the mean relative difference over the
+    test batches) against AdamS at the same W; the change of a difference across W is per seed;
+    Holm's p is never below the raw one, Bonferroni's bounds never inside the raw ones."""
+    import numpy as np
     import pandas as pd
 
+    from _runs import base_losses, make_run
+    from lmrepro.results import write_eval_losses
     from lmrepro.scape.study.workers_report import gap_table, pair_table
+    from lmrepro.stats import StatsConfig
 
     rows = []
-    for w, worse in ((2, 0.0), (4, 0.01)):
+    rel = {"adams": lambda w, s: 0.0, "scape90": lambda w, s: 0.02,
+           "topk90": lambda w, s: 0.01 + (0.01 if w == 4 else 0.0) + 0.001 * s}
+    for w in (2, 4):
         for s in range(3):
-            base = 2.0 + 0.01 * s
-            rows += [{"workers": w, "seed": s, "run": "adams", "test_bpb": base},
-                     {"workers": w, "seed": s, "run": "scape90", "test_bpb": base * 1.02},
-                     {"workers": w, "seed": s, "run": "topk90",
-                      "test_bpb": base * (1.01 + worse + 0.001 * s)}]
-    rows.append({"workers": 4, "seed": 9, "run": "topk90", "test_bpb": 9.0})   # unpaired
-    gaps = gap_table(pd.DataFrame(rows))
-    g = gaps.set_index(["workers", "run"])
+            b = base_losses(s)
+            for name, f in rel.items():
+                losses = b * (1.0 + f(w, s))
+                d = make_run(tmp_path / f"W{w}" / f"seed{s}", name, "adams", seed=s,
+                             losses=list(losses),
+                             details={"final_test_bpb": float(np.mean(losses)) / np.log(2)})
+                write_eval_losses(d, list(losses), 8, 64, split="test")
+                rows.append({"workers": w, "seed": s, "run": name, "path": str(d)})
+    stats = StatsConfig(n_resamples=200)
+    g = gap_table(pd.DataFrame(rows), stats).set_index(["workers", "run"])
     assert g.loc[(2, "scape90"), "gap_pct"] == pytest.approx(2.0)
     assert g.loc[(2, "scape90"), "seeds"] == 3
-    assert g.loc[(4, "topk90"), "gap_pct"] == pytest.approx(100 * (1.02 + 0.001) - 100)
-    assert (gaps.p_holm >= gaps.p_two_sided - 1e-12).all()
-    assert (gaps.bonferroni_lower_pct <= gaps.lower_pct + 1e-12).all()
-    pairs = pair_table(pd.DataFrame(rows)).set_index(["contrast", "workers"])
+    assert g.loc[(4, "topk90"), "gap_pct"] == pytest.approx(2.1)
+    assert (g.p_holm >= g.p_two_sided - 1e-12).all()
+    assert (g.bonferroni_lower_pct <= g.lower_pct + 1e-9).all()
+    pairs = pair_table(pd.DataFrame(rows), stats).set_index(["contrast", "workers"])
     change = pairs.loc[("change of (topk90 vs scape90) from W=2", 4)]
     assert change.seeds == 3
     assert change.gap_pct == pytest.approx(100 * 0.01 / 1.02, rel=1e-6)
@@ -301,17 +310,23 @@ def test_tiny_study_end_to_end_and_its_bundle(corpus, tmp_path):
     sweep = pub / STAGE / "sweep" / "W2" / "seed1000"
     # lr 1e-4 is far too small for 6 steps: the largest wins, and is extended once
     assert len(list(sweep.glob("adams@lr*"))) == 4
-    tables = write_analysis(pub / STAGE, pub / ANALYSIS)
+    from lmrepro.stats import StatsConfig
+
+    stats = StatsConfig(n_resamples=200)
+    tables = write_analysis(pub / STAGE, pub / ANALYSIS, stats)
     assert set(tables["gaps"].workers) == {1, 2}
     assert "topk90" in section_markdown(tables, "x")
-    again = bundle_tables(pub, 0.95)
-    pd.testing.assert_frame_equal(again["gaps"], pd.read_csv(pub / ANALYSIS / "gaps.csv"))
+    again = bundle_tables(pub, stats)
+    numbers = ["workers", "seeds", "gap_pct", "lower_pct", "upper_pct", "p_two_sided",
+               "p_holm", "bonferroni_lower_pct", "bonferroni_upper_pct"]
+    pd.testing.assert_frame_equal(again["gaps"][numbers],
+                                  pd.read_csv(pub / ANALYSIS / "gaps.csv")[numbers])
     pd.testing.assert_frame_equal(again["comm"], pd.read_csv(pub / ANALYSIS / "comm.csv"))
     runs = pd.read_csv(pub / ANALYSIS / "runs.csv")
     runs.loc[0, "test_bpb"] += 0.1
     runs.to_csv(pub / ANALYSIS / "runs.csv", index=False)
     with pytest.raises(Exception, match="published summary"):
-        bundle_tables(pub, 0.95)
+        bundle_tables(pub, stats)
 
 
 def test_simulated_refuses_bf16(corpus, tmp_path):

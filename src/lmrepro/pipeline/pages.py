@@ -195,6 +195,10 @@ def summary(published: Path) -> str:
         for baseline, item in items:
             groups.setdefault(baseline, []).append(item)
         return head + "; ".join(f"vs {b}: " + "; ".join(i) for b, i in groups.items())
+    # a study without a length study's verdict point states its verdicts in one line
+    stated = sorted(published.glob("results/analysis/**/verdicts.txt"))
+    if stated:
+        return " ".join(p.read_text(encoding="utf-8").strip() for p in stated)
     claims = published / "results/analysis/claims.csv"
     if not claims.is_file():
         return "no verdicts published"

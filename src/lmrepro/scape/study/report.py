@@ -267,19 +267,22 @@ def scaling_analysis_stage(params: Any, stage_dir: str | Path = "results/scaling
     result = length_study.analysis_stage(params.scape.scaling, out_dir, STAGE, analyse,
                                          _headline)
     if params.scape.workers is not None:
-        workers_stage(Path(stage_dir) / "workers", Path(out_dir), params.stats.confidence,
+        floors = corpus_floors(params.data.prepared_dir, {params.scape.corpus})
+        floor = floors.get(params.scape.corpus)
+        workers_stage(Path(stage_dir) / "workers", Path(out_dir), params.stats,
+                      None if floor is None else float(floor["trigram"]["test"]),
                       with_length_study=result is not None)
     return result
 
 
-def workers_stage(stage_dir: Path, out_dir: Path, confidence: float,
+def workers_stage(stage_dir: Path, out_dir: Path, stats: StatsConfig, floor: float | None,
                   with_length_study: bool) -> dict[str, pd.DataFrame]:
     """The worker-count study's analysis (:mod:`lmrepro.scape.study.workers_report`) into
     ``out_dir/workers``; its section is the stage's README section, or follows the length
     study's."""
     from lmrepro.scape.study.workers_report import section_markdown, write_analysis
 
-    tables = write_analysis(stage_dir, out_dir / "workers", confidence)
+    tables = write_analysis(stage_dir, out_dir / "workers", stats, floor)
     text = section_markdown(tables, "results/analysis/scaling/workers/")
     readme = out_dir / length_study.README_SECTION
     if with_length_study and readme.exists():

@@ -31,12 +31,16 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from lmrepro.io import read_json, read_jsonl
+from lmrepro.io import atomic_write_text, read_json, read_jsonl
 from lmrepro.model import ByteTransformer, ModelConfig
 from lmrepro.results import SUMMARY
-from lmrepro.stats import t_bounds
+from lmrepro.pipeline.length_study import mean_bpb, paired_test
+from lmrepro.pipeline.runs import Run, load_run
+from lmrepro.stats import StatsConfig, t_bounds
 
 BASELINE = "adams"
+#: the study's verdicts in one line (lmrepro.pipeline.pages reads it for a publication's row)
+VERDICTS = "verdicts.txt"
 #: the collective each kind of bytes travels in, per optimizer (SCAPE and the dense baselines
 #: all-reduce their values; top-k all-gathers values and indices; SCAPE all-gathers its mask)
 COLLECTIVE = {("scape", "grad_values"): "all_reduce", ("scape", "mask"): "all_gather",
@@ -94,6 +98,7 @@ def load_runs(stage_dir: str | Path) -> pd.DataFrame:
         sparsity = diag.get("sparsity", 0.0)
         rows.append({
             "workers": workers, "seed": int(job["seed"]), "run": s["name"], "optimizer": opt,
+            "path": str(run_dir), "steps": int(settings["steps"]),
             "lr": float(run["lr"]), "test_bpb": (s.get("details") or {}).get("final_test_bpb"),
             "val_bpb": s.get("final_bpb"), "diverged_at_step": s.get("diverged_at_step"),
             "hand_in_bytes": hand_in["grad_values"] + hand_in["mask"],
@@ -119,70 +124,85 @@ def holm(p: Sequence[float]) -> list[float]:
     return adj.tolist()
 
 
-def paired_gap(base: pd.DataFrame, cand: pd.DataFrame) -> list[float]:
-    """Per seed, ``cand / base - 1`` of the test bits per byte (seeds both have, finished)."""
-    return _gaps_by_seed(base, cand)[1]
-
-
-def _gaps_by_seed(base: pd.DataFrame, cand: pd.DataFrame) -> tuple[list[int], list[float]]:
-    b = base.set_index("seed")["test_bpb"].dropna()
-    c = cand.set_index("seed")["test_bpb"].dropna()
-    seeds = sorted(set(b.index) & set(c.index))
-    return seeds, [float(c[s] / b[s] - 1.0) for s in seeds]
+def _runs_by_name(at: pd.DataFrame) -> dict[str, list[Run]]:
+    return {name: [load_run(p, p) for p in g.path] for name, g in at.groupby("run")}
 
 
 def t_row(d: Sequence[float], confidence: float, contrasts: int) -> dict[str, Any]:
-    """Mean, one-sided t bounds, two-sided p, and Bonferroni bounds over ``contrasts``."""
+    """The two-sided t test's p of per-seed differences ``d`` and their Bonferroni bounds over
+    ``contrasts`` (one-sided, as the raw bounds)."""
     if len(d) < 2:
-        return {"seeds": len(d), "gap_pct": 100 * float(np.mean(d)) if d else math.nan}
-    lo, hi = t_bounds(d, confidence)
+        return {"p_two_sided": math.nan}
     blo, bhi = t_bounds(d, 1.0 - (1.0 - confidence) / max(contrasts, 1))
     sd = float(np.std(d, ddof=1))
     p = (1.0 if sd == 0 else
          float(2 * sps.t.sf(abs(np.mean(d)) / (sd / math.sqrt(len(d))), len(d) - 1)))
-    return {"seeds": len(d), "gap_pct": 100 * float(np.mean(d)), "lower_pct": 100 * lo,
-            "upper_pct": 100 * hi, "p_two_sided": p, "bonferroni_lower_pct": 100 * blo,
+    return {"p_two_sided": p, "bonferroni_lower_pct": 100 * blo,
             "bonferroni_upper_pct": 100 * bhi}
 
 
-def gap_table(runs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
-    """Every method against dense AdamS at each W (see the module docstring)."""
-    pairs = [(w, r) for w in sorted(runs.workers.unique())
-             for r in sorted(runs.run.unique()) if r != BASELINE]
-    rows = []
-    for w, r in pairs:
-        at = runs[runs.workers == w]
-        d = paired_gap(at[at.run == BASELINE], at[at.run == r])
-        rows.append({"workers": w, "run": r, **t_row(d, confidence, len(pairs))})
-    out = pd.DataFrame(rows)
-    if "p_two_sided" in out:
-        ok = out.p_two_sided.notna()
-        out.loc[ok, "p_holm"] = holm(out.loc[ok, "p_two_sided"].tolist())
+def _test(base: list[Run], cand: list[Run], stats: StatsConfig) -> dict[str, Any]:
+    """The package's seed-level paired test (:func:`lmrepro.pipeline.length_study.paired_test`:
+    per seed the mean relative difference over the test batches, then t bounds over seeds),
+    in percent."""
+    r = paired_test(base, cand, stats)
+    out = {"seeds": r["seeds"], "diverged": r.get("diverged", 0), "verdict": r.get("verdict"),
+           "per_seed": r.get("per_seed", []), "per_seed_ids": r.get("per_seed_ids", [])}
+    for key in ("mean", "lower", "upper"):
+        out[{"mean": "gap_pct"}.get(key, f"{key}_pct")] = (
+            100 * r[key] if r.get(key) is not None else math.nan)
     return out
 
 
-def pair_table(runs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
-    """Top-k against SCAPE at the same sparsity per W, and the change of that difference from
-    the smallest W to each larger one (per seed: a difference of differences)."""
+def gap_table(runs: pd.DataFrame, stats: StatsConfig, floor: float | None = None
+              ) -> pd.DataFrame:
+    """Every method against dense AdamS at each W (see the module docstring); ``testable``:
+    dense AdamS ends 10 % below the corpus's trigram floor ``floor`` (test split)."""
+    from lmrepro.data.ngram import testable
+
+    rows = []
+    for w in sorted(runs.workers.unique()):
+        by = _runs_by_name(runs[runs.workers == w])
+        base = by.get(BASELINE, [])
+        bpb = mean_bpb(base) if base else math.nan
+        for name in sorted(n for n in by if n != BASELINE):
+            rows.append({"workers": int(w), "run": name, **_test(base, by[name], stats),
+                         "baseline_test_bpb": bpb, "trigram_floor": floor,
+                         "testable": True if floor is None else testable(bpb, floor)})
+    out = pd.DataFrame(rows)
+    extra = [t_row(r.per_seed, stats.confidence, len(out)) for r in out.itertuples()]
+    out = pd.concat([out, pd.DataFrame(extra)], axis=1)
+    ok = out.p_two_sided.notna()
+    out.loc[ok, "p_holm"] = holm(out.loc[ok, "p_two_sided"].tolist())
+    return out
+
+
+def pair_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
+    """Top-k against SCAPE at the same sparsity per W (the same paired test), and the change
+    of that difference from the smallest W to each larger one (per seed: a difference of
+    differences, t bounds over seeds)."""
     rows = []
     ws = sorted(runs.workers.unique())
     for sp in ("90", "99"):
         topk, scape = f"topk{sp}", f"scape{sp}"
         if not {topk, scape} <= set(runs.run):
             continue
+        per_w = {}
         for w in ws:
-            at = runs[runs.workers == w]
-            d = paired_gap(at[at.run == scape], at[at.run == topk])
-            rows.append({"contrast": f"{topk} vs {scape}", "workers": w,
-                         **t_row(d, confidence, 1)})
-        base = runs[runs.workers == ws[0]]
+            by = _runs_by_name(runs[runs.workers == w])
+            r = _test(by[scape], by[topk], stats)
+            per_w[w] = dict(zip(r["per_seed_ids"], r["per_seed"]))
+            rows.append({"contrast": f"{topk} vs {scape}", "workers": int(w), **r,
+                         **t_row(r["per_seed"], stats.confidence, 1)})
         for w in ws[1:]:
-            at = runs[runs.workers == w]
-            d0 = dict(zip(*_gaps_by_seed(base[base.run == scape], base[base.run == topk])))
-            d1 = dict(zip(*_gaps_by_seed(at[at.run == scape], at[at.run == topk])))
-            dd = [d1[s] - d0[s] for s in sorted(set(d0) & set(d1))]
+            seeds = sorted(set(per_w[ws[0]]) & set(per_w[w]))
+            dd = [per_w[w][s] - per_w[ws[0]][s] for s in seeds]
+            lo, hi = t_bounds(dd, stats.confidence) if len(dd) >= 2 else (math.nan, math.nan)
             rows.append({"contrast": f"change of ({topk} vs {scape}) from W={ws[0]}",
-                         "workers": w, **t_row(dd, confidence, 1)})
+                         "workers": int(w), "seeds": len(dd), "per_seed": dd,
+                         "per_seed_ids": seeds, "gap_pct": 100 * float(np.mean(dd)),
+                         "lower_pct": 100 * lo, "upper_pct": 100 * hi,
+                         **t_row(dd, stats.confidence, 1)})
     return pd.DataFrame(rows)
 
 
@@ -190,7 +210,8 @@ def comm_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Mean bytes and coordinates per W and method (over seeds)."""
     cols = ["hand_in_bytes", "wire_bytes", "coords_sent_per_worker", "coords_moved_by_sync",
             "pair_overlap", "mask_agreement", "n_params"]
-    out = runs.groupby(["workers", "run"], as_index=False)[cols].mean(numeric_only=True)
+    frame = runs[["workers", "run"]].join(runs[cols].apply(pd.to_numeric, errors="coerce"))
+    out = frame.groupby(["workers", "run"], as_index=False)[cols].mean()
     out["moved_fraction"] = out.coords_moved_by_sync / out.n_params
     return out
 
@@ -201,8 +222,8 @@ def sweep_table(stage_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     return pd.DataFrame(record["rows"]).assign(seed=record["seed"]), record["winners"]
 
 
-def write_analysis(stage_dir: str | Path, out_dir: str | Path,
-                   confidence: float = 0.95) -> dict[str, pd.DataFrame]:
+def write_analysis(stage_dir: str | Path, out_dir: str | Path, stats: StatsConfig,
+                   floor: float | None = None) -> dict[str, pd.DataFrame]:
     """Every table and figure of the module docstring into ``out_dir``; returns the tables."""
     from lmrepro.scape.study.workers_plots import plot_bytes, plot_gaps
 
@@ -210,15 +231,32 @@ def write_analysis(stage_dir: str | Path, out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(stage_dir)
     sweep, winners = sweep_table(stage_dir)
-    tables = {"runs": runs, "gaps": gap_table(runs, confidence), "pairs": pair_table(runs,
-                                                                                     confidence),
+    tables = {"runs": runs, "gaps": gap_table(runs, stats, floor),
+              "pairs": pair_table(runs, stats),
               "comm": comm_table(runs), "sweep": sweep,
               "winners": pd.DataFrame([{"point": k, **v} for k, v in winners.items()])}
     for name, frame in tables.items():
-        frame.to_csv(out / f"{name}.csv", index=False)
+        frame.drop(columns=["path"], errors="ignore").to_csv(out / f"{name}.csv", index=False)
+    atomic_write_text(out / VERDICTS, verdicts_line(tables["gaps"], runs))
     plot_gaps(tables["gaps"], out / "gap_vs_workers.png")
     plot_bytes(tables["comm"], tables["gaps"], out / "bytes_vs_workers.png")
     return tables
+
+
+def verdicts_line(gaps: pd.DataFrame, runs: pd.DataFrame) -> str:
+    """The study's verdicts in one line (a publication's row in the README): each method
+    against dense AdamS at the largest W, with its bounds and the package's verdict."""
+    w = int(gaps.workers.max())
+    at = gaps[gaps.workers == w]
+    steps = int(runs.steps.iloc[0])
+    return (f"{steps} steps, W = {w} workers (global batch fixed), vs {BASELINE}: "
+            + "; ".join(f"{r.run} {_pct(r.gap_pct)} [{r.lower_pct:+.2f}, {r.upper_pct:+.2f}] "
+                        f"{r.verdict}" + ("" if r.testable else " (not testable)")
+                        for r in at.itertuples()) + "\n")
+
+
+def _share(x: Any) -> str:
+    return "" if x is None or pd.isna(x) else f"{float(x):.2f}"
 
 
 def _pct(x: Any) -> str:
@@ -234,22 +272,24 @@ def section_markdown(tables: dict[str, pd.DataFrame], where: str) -> str:
     lines = ["### More workers: SCAPE and top-k from W = "
              + ", ".join(str(w) for w in sorted(runs.workers.unique())) + " workers", "",
              f"Tables in `{where}`. Global batch and tokens fixed (each worker 1/W of the batch), "
-             f"seeds {', '.join(str(s) for s in seeds)}, test split; gaps to dense AdamS with "
-             "one-sided 95 % t bounds over seeds, Holm-adjusted p over the study's contrasts "
-             "and Bonferroni bounds (all contrasts at once). Workers simulated in one process "
+             f"seeds {', '.join(str(s) for s in seeds)}, test split; gaps to dense AdamS by the "
+             "package's paired test (per seed the mean relative difference over the test "
+             "batches; one-sided 95 % t bounds over seeds; verdict at a 1 % margin), "
+             "Holm-adjusted p over the study's contrasts and Bonferroni bounds (all contrasts "
+             "at once). Workers simulated in one process "
              "(the torchrun path's numbers; no timing is a result).", "",
-             "| W | method | gap [L, U] | p (Holm) | Bonferroni [L, U] | bytes sent per worker "
-             "per step | coordinates with a synced gradient | top-k mask overlap | SCAPE mask "
-             "agreement |", "|---:|---|---|---:|---|---:|---:|---:|---:|"]
+             "| W | method | gap [L, U] | verdict | p (Holm) | Bonferroni [L, U] | bytes sent "
+             "per worker per step | coordinates with a synced gradient | top-k mask overlap | "
+             "SCAPE mask agreement |", "|---:|---|---|---|---:|---|---:|---:|---:|---:|"]
     both = gaps.merge(comm, on=["workers", "run"], how="left")
     for r in both.itertuples():
         lines.append(
             f"| {r.workers} | {r.run} | {_pct(r.gap_pct)} [{_pct(r.lower_pct)}, "
-            f"{_pct(r.upper_pct)}] | {r.p_two_sided:.2g} ({r.p_holm:.2g}) | "
+            f"{_pct(r.upper_pct)}] | {r.verdict} | {r.p_two_sided:.2g} ({r.p_holm:.2g}) | "
             f"[{_pct(r.bonferroni_lower_pct)}, {_pct(r.bonferroni_upper_pct)}] | "
             f"{r.wire_bytes / 1e3:.1f} kB | {100 * r.moved_fraction:.1f} % | "
-            + ("" if pd.isna(r.pair_overlap) else f"{r.pair_overlap:.2f}") + " | "
-            + ("" if pd.isna(r.mask_agreement) else f"{r.mask_agreement:.2f}") + " |")
+            + _share(getattr(r, "pair_overlap", None)) + " | "
+            + _share(getattr(r, "mask_agreement", None)) + " |")
     dense = comm[comm.run == BASELINE].set_index("workers")["wire_bytes"]
     lines += ["", "Dense AdamS sends " + ", ".join(f"{dense[w] / 1e3:.0f} kB at W = {w}"
                                                    for w in dense.index) + " per worker per step.",
