@@ -177,32 +177,44 @@ def gap_table(runs: pd.DataFrame, stats: StatsConfig, floor: float | None = None
     return out
 
 
-def pair_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
-    """Top-k against SCAPE at the same sparsity per W (the same paired test), and the change
-    of that difference from the smallest W to each larger one (per seed: a difference of
-    differences, t bounds over seeds)."""
-    rows = []
+def _change_rows(runs: pd.DataFrame, base: str, cand: str, stats: StatsConfig
+                 ) -> list[dict[str, Any]]:
+    """``cand`` against ``base`` at each W (the paired test), then the change of that
+    difference from the smallest W to each larger one (per seed, t bounds over seeds)."""
+    rows, per_w = [], {}
     ws = sorted(runs.workers.unique())
+    for w in ws:
+        by = _runs_by_name(runs[runs.workers == w])
+        r = _test(by[base], by[cand], stats)
+        per_w[w] = dict(zip(r["per_seed_ids"], r["per_seed"]))
+        rows.append({"contrast": f"{cand} vs {base}", "workers": int(w), **r,
+                     **t_row(r["per_seed"], stats.confidence, 1)})
+    for w in ws[1:]:
+        seeds = sorted(set(per_w[ws[0]]) & set(per_w[w]))
+        dd = [per_w[w][s] - per_w[ws[0]][s] for s in seeds]
+        lo, hi = t_bounds(dd, stats.confidence) if len(dd) >= 2 else (math.nan, math.nan)
+        rows.append({"contrast": f"change of ({cand} vs {base}) from W={ws[0]}",
+                     "workers": int(w), "seeds": len(dd), "per_seed": dd,
+                     "per_seed_ids": seeds, "gap_pct": 100 * float(np.mean(dd)) if dd else math.nan,
+                     "lower_pct": 100 * lo, "upper_pct": 100 * hi,
+                     **t_row(dd, stats.confidence, 1)})
+    return rows
+
+
+def pair_table(runs: pd.DataFrame, stats: StatsConfig) -> pd.DataFrame:
+    """Top-k against SCAPE at the same sparsity per W, and each sparse method's gap to dense
+    AdamS, with the change of each from the smallest W (:func:`_change_rows`): does SCAPE's one
+    mask pay off against top-k as W grows, and does the owner's narrowing view cost SCAPE?"""
+    rows: list[dict[str, Any]] = []
+    names = set(runs.run)
     for sp in ("90", "99"):
         topk, scape = f"topk{sp}", f"scape{sp}"
-        if not {topk, scape} <= set(runs.run):
-            continue
-        per_w = {}
-        for w in ws:
-            by = _runs_by_name(runs[runs.workers == w])
-            r = _test(by[scape], by[topk], stats)
-            per_w[w] = dict(zip(r["per_seed_ids"], r["per_seed"]))
-            rows.append({"contrast": f"{topk} vs {scape}", "workers": int(w), **r,
-                         **t_row(r["per_seed"], stats.confidence, 1)})
-        for w in ws[1:]:
-            seeds = sorted(set(per_w[ws[0]]) & set(per_w[w]))
-            dd = [per_w[w][s] - per_w[ws[0]][s] for s in seeds]
-            lo, hi = t_bounds(dd, stats.confidence) if len(dd) >= 2 else (math.nan, math.nan)
-            rows.append({"contrast": f"change of ({topk} vs {scape}) from W={ws[0]}",
-                         "workers": int(w), "seeds": len(dd), "per_seed": dd,
-                         "per_seed_ids": seeds, "gap_pct": 100 * float(np.mean(dd)),
-                         "lower_pct": 100 * lo, "upper_pct": 100 * hi,
-                         **t_row(dd, stats.confidence, 1)})
+        if {topk, scape} <= names:
+            rows += _change_rows(runs, scape, topk, stats)
+    if BASELINE in names:
+        for cand in sorted(n for n in names if n != BASELINE):
+            rows += [r for r in _change_rows(runs, BASELINE, cand, stats)
+                     if r["contrast"].startswith("change")]
     return pd.DataFrame(rows)
 
 
@@ -294,7 +306,8 @@ def section_markdown(tables: dict[str, pd.DataFrame], where: str) -> str:
     lines += ["", "Dense AdamS sends " + ", ".join(f"{dense[w] / 1e3:.0f} kB at W = {w}"
                                                    for w in dense.index) + " per worker per step.",
               "", "Top-k against SCAPE at the same sparsity (test split, paired by seed), and "
-              "how that difference moves with W:", "", "| contrast | W | difference [L, U] | p |",
+              "how that difference and each method's gap to dense AdamS move with W (per seed, "
+              "t bounds over seeds):", "", "| contrast | W | difference [L, U] | p |",
               "|---|---:|---|---:|"]
     for r in pairs.itertuples():
         lines.append(f"| {r.contrast} | {r.workers} | {_pct(r.gap_pct)} [{_pct(r.lower_pct)}, "
