@@ -261,7 +261,7 @@ def verdicts_line(gaps: pd.DataFrame, runs: pd.DataFrame) -> str:
     w = int(gaps.workers.max())
     at = gaps[gaps.workers == w]
     steps = int(runs.steps.iloc[0])
-    return (f"{steps} steps, W = {w} workers (global batch fixed), vs {BASELINE}: "
+    return (f"{steps} steps, W = {w}, vs {BASELINE}: "
             + "; ".join(f"{r.run} {_pct(r.gap_pct)} [{r.lower_pct:+.2f}, {r.upper_pct:+.2f}] "
                         f"{r.verdict}" + ("" if r.testable else " (not testable)")
                         for r in at.itertuples()) + "\n")
