@@ -117,10 +117,12 @@ def train_backprop(run: Run, spec: BackpropSpec[R]) -> R:
                 return spec.record(loss) if spec.record is not None else {"loss": loss}
 
             model.train()
-            run.train(step, lambda: single_model_state(model.state_dict(),
-                                                       {ALL: opt.state_dict()}, gen.get_state()),
-                      lambda: bits_per_byte(spec.evaluate()), end)
-            bar.close()
+            try:
+                run.train(step, lambda: single_model_state(
+                    model.state_dict(), {ALL: opt.state_dict()}, gen.get_state()),
+                          lambda: bits_per_byte(spec.evaluate()), end)
+            finally:    # an error ends the bar's line first: its message starts a line of its own
+                bar.close()
             return spec.finish(run, end)
     finally:
         torch.set_num_threads(prev_threads)
