@@ -299,12 +299,12 @@ def test_claims_table_with_no_runs_of_a_paper(tmp_path: Path) -> None:
     logs = df[df.kind == C.AUTHORS_LOGS].set_index("id")
     # what the logs measure (10 % sent) is judged on that measurement; the paper's figures
     # (1 % sent), which no log measures, take no verdict: the model's extrapolation beside them
-    measured = logs.loc[["scape-step-speedup-10pct-authors-logs",
-                         "scape-wallclock-10pct-authors-logs"]]
+    measured = logs.loc[["scape-speedup-10pct-logs",
+                         "scape-wallclock-10pct-logs"]]
     assert set(measured.verdict) <= {C.CONSISTENT_WITH_LOGS, C.INCONCLUSIVE, C.NOT_REPRODUCED}
     assert "measured in the authors' logs" in measured.measured.iloc[0]
     assert "between allocations" in measured.measured.iloc[0]
-    paper = logs.loc[["scape-step-speedup-authors-logs", "scape-wallclock-authors-logs"]]
+    paper = logs.loc[["scape-speedup-logs", "scape-wallclock-logs"]]
     assert (paper.verdict == C.NOT_MEASURED_IN_LOGS).all()
     assert paper.measured.str.contains("extrapolation").all()
     assert paper.measured.str.contains("out of sample").all()

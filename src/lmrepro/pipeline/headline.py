@@ -139,7 +139,8 @@ def claim_items(table: Any) -> dict[str, dict[str, Any]]:
 
 #: the verdicts too long for a 120-column `dvc metrics show`, as the headline writes them
 SHORT_VERDICTS = {"reproduced in direction only": "reproduced (direction)",
-                  "consistent with the authors' logs": "consistent (authors' logs)"}
+                  "consistent with the authors' logs": "consistent (authors' logs)",
+                  "not measured in the authors' logs": "not in authors' logs"}
 
 
 def study_items(gaps: Any, verdict: tuple[str, int]) -> dict[str, dict[str, Any]]:
