@@ -323,7 +323,10 @@ def test_each_published_page_and_headline_is_what_its_files_give(published: Path
     assert sorted(f.stem for f in (published / "metrics/claims").glob("*.json")) == sorted(items)
     for name, item in items.items():
         got = json.loads((published / "metrics/claims" / f"{name}.json").read_text())
-        assert set(got) <= set(H.KEYS) and got["verdict"] == item["verdict"]
+        # a verdict is compared in its short form (how the headline writes it now; a
+        # publication made before a verdict got one holds it in full)
+        short = H.SHORT_VERDICTS.get(got["verdict"], got["verdict"])
+        assert set(got) <= set(H.KEYS) and short == item["verdict"]
     for stage in ("scape", "rgc"):
         analysis = published / "results/analysis" / stage / "analysis.json"
         if analysis.is_file():
