@@ -185,12 +185,17 @@ def test_pair_overlap():
 
 
 def test_nearest_swept_and_settings():
-    from lmrepro.scape.config import ScapeConfig
-    from lmrepro.scape.study.workers import nearest_swept
+    from lmrepro.scape.config import ScapeConfig, WorkersStudy
+    from lmrepro.scape.study.workers import nearest_swept, settings_at
 
     assert [nearest_swept(w, [2, 16]) for w in (2, 4, 8, 16)] == [2, 2, 16, 16]
     assert nearest_swept(4, [2, 8]) == 2                    # a tie goes to the smaller
-    assert ScapeConfig().steps > 0
+    study = WorkersStudy(model={}, steps=3000, global_batch=16, workers=[2, 4], seeds=[0],
+                         runs=[{"optimizer": "adams"}], sweep_workers=[2],
+                         sweep_factors=[0.5, 1.0, 2.0])
+    got = settings_at(ScapeConfig(), study, 4)
+    assert (got.steps, got.batch_size, got.warmup_steps, got.sparsity_warmup_steps) == \
+        (3000, 4, 150, 300)
 
 
 def test_study_section_errors():

@@ -39,7 +39,7 @@ from lmrepro.errors import ParameterError
 from lmrepro.io import atomic_write_json, read_json
 from lmrepro.model import ModelConfig
 from lmrepro.results import SUMMARY
-from lmrepro.rundirs import run_label, run_path
+from lmrepro.rundirs import run_path
 from lmrepro.scape.config import ScapeConfig, ScapeRun, ScapeSuite, WorkersStudy
 
 log = logging.getLogger(__name__)
@@ -215,8 +215,3 @@ def run_workers_study(suite: ScapeSuite, prepared_dir: str | Path,
     """Run or resume ``suite.workers``; returns the verdict run directories."""
     return WorkersStudyRunner(suite, prepared_dir, stage_dir).run()
 
-
-def label(path: Path) -> str:
-    """A run's label in the study (``W<w>/seed<s>/<run>``)."""
-    return run_label(path.parent.parent.name, int(path.parent.name.removeprefix("seed")),
-                     path.name)

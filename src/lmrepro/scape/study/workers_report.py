@@ -22,6 +22,7 @@ From the study's stage directory it writes, under ``out_dir``:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -85,12 +86,16 @@ def run_diagnostics(run_dir: Path, target_from: int) -> dict[str, float]:
 def load_runs(stage_dir: str | Path) -> pd.DataFrame:
     """One row per finished verdict run of the study (see the module docstring)."""
     rows = []
+    counts: dict[str, tuple[int, int]] = {}     # one model built per model, not per run
     for summary in sorted(Path(stage_dir).glob(f"runs/W*/seed*/*/{SUMMARY}")):
         run_dir = summary.parent
         s, job = read_json(summary), read_json(run_dir / "job.json")
         settings, run = job["settings"], job["run"]
         workers = int(job["workers"])
-        n, eligible = eligible_coordinates(ModelConfig(**job["model"]))
+        key = json.dumps(job["model"], sort_keys=True)
+        if key not in counts:
+            counts[key] = eligible_coordinates(ModelConfig(**job["model"]))
+        n, eligible = counts[key]
         diag = run_diagnostics(run_dir, int(settings["sparsity_warmup_steps"]))
         hand_in = {"grad_values": diag.get("bytes_grad_values", 0.0),
                    "mask": diag.get("bytes_mask", 0.0)}
